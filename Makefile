@@ -1,0 +1,42 @@
+# Every target installs what it needs into .venv first, so each works on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+
+.PHONY: install demo test test-slow test-kernel lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hyla demo --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not kernel" tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "kernel and not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
+
+test-kernel: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m kernel tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla --json results/bench_step_cpu.json
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

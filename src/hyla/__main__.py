@@ -1,0 +1,3 @@
+from hyla.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Attention as a hypernetwork: the variants, their reference implementations and kernels."""
+
+from hyla.attention.config import (
+    NONLINEARITIES,
+    NORMALIZATIONS,
+    PRESET_TITLES,
+    PRESETS,
+    VALUE_NETWORKS,
+    AttentionConfig,
+    attention_preset,
+)
+from hyla.attention.module import Attention, GeneratedValueNetwork, HookPoint, KVCache
+from hyla.attention.position import RelativePositionBias
+
+__all__ = [
+    "NONLINEARITIES",
+    "NORMALIZATIONS",
+    "PRESETS",
+    "PRESET_TITLES",
+    "VALUE_NETWORKS",
+    "Attention",
+    "AttentionConfig",
+    "GeneratedValueNetwork",
+    "HookPoint",
+    "KVCache",
+    "RelativePositionBias",
+    "attention_preset",
+]

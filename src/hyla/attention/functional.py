@@ -1,0 +1,118 @@
+"""Attention as a hypernetwork, direct (vectorized) form.
+
+Shape letters: B batch, H heads, Q queries, K keys, E query/key head dim, D value head dim.
+Masks are boolean with True where a query may attend to a key.
+
+This is the readable, always-available implementation: the fused and chunked kernels in
+``hyla.attention.kernels`` are tested against it, and it is itself tested against the naive
+per-(q, k) loop in ``hyla.attention.reference``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hyla.attention.config import NONLINEARITIES, AttentionConfig
+
+_PHI: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "identity": lambda x: x,
+}
+
+
+def nonlinearity(name: str) -> Callable[[Tensor], Tensor]:
+    """The value network's phi by name."""
+    if name not in _PHI:
+        raise ValueError(f"nonlinearity={name!r} is not valid; allowed values: {', '.join(NONLINEARITIES)}")
+    return _PHI[name]
+
+
+def attention_scores(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Scaled dot-product scores ``q.k / sqrt(E)`` plus an additive bias broadcastable to BxHxQxK."""
+    s_BxHxQxK = torch.einsum("bhqe,bhke->bhqk", q_BxHxQxE, k_BxHxKxE) / math.sqrt(q_BxHxQxE.shape[-1])
+    if bias is not None:
+        s_BxHxQxK = s_BxHxQxK + bias
+    return s_BxHxQxK
+
+
+def normalize_scores(
+    s_BxHxQxK: Tensor, normalization: str, mask_Bx1xQxK: Tensor | None = None, rms_eps: float = 1e-6
+) -> Tensor:
+    """Turn scores into the latent code ``a_BxHxQxK``.
+
+    ``softmax`` normalizes over keys (masked keys get weight 0; a query with no visible key gets an
+    all-zero row instead of NaN). ``none`` and ``rms_head`` set masked pairs to 0 *before* normalizing;
+    ``rms_head`` divides each (q, k) pair's vector of H scores by its RMS across heads.
+    """
+    if normalization == "softmax":
+        if mask_Bx1xQxK is None:
+            return torch.softmax(s_BxHxQxK, dim=-1)
+        neg = torch.finfo(s_BxHxQxK.dtype).min
+        a = torch.softmax(s_BxHxQxK.masked_fill(~mask_Bx1xQxK, neg), dim=-1)
+        return a * mask_Bx1xQxK
+    if mask_Bx1xQxK is not None:
+        s_BxHxQxK = s_BxHxQxK * mask_Bx1xQxK
+    if normalization == "none":
+        return s_BxHxQxK
+    if normalization == "rms_head":
+        return s_BxHxQxK * torch.rsqrt(s_BxHxQxK.pow(2).mean(dim=1, keepdim=True) + rms_eps)
+    raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
+
+
+def value_network(
+    a_BxHxQxK: Tensor,
+    v_BxHxKxD: Tensor,
+    value_network: str,
+    phi: str = "relu",
+    w_mid_HxDxD: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Apply the generated value network; returns ``(y_BxHxQxD, hidden_BxQxKxD or None)``.
+
+    * ``linear``: ``y[h,q] = sum_k a[h,q,k] v[h,k]`` (standard MHA before the output projection).
+    * ``hyper``: ``hidden[q,k] = phi(sum_h a[h,q,k] v[h,k])``, ``y[h,q] = sum_k a[h,q,k] hidden[q,k]``.
+    * ``hyper_deep`` (HYLA+): an extra generated layer between the two,
+      ``hidden2[q,k] = phi(sum_h a[h,q,k] W_mid[h] hidden[q,k])``.
+
+    The returned hidden tensor is the last hidden layer of the value network (B x Q x K x D); it is
+    what makes the direct form's memory grow as B*T*T*D.
+    """
+    if value_network == "linear":
+        return torch.einsum("bhqk,bhkd->bhqd", a_BxHxQxK, v_BxHxKxD), None
+    act = nonlinearity(phi)
+    hidden_BxQxKxD = act(torch.einsum("bhqk,bhkd->bqkd", a_BxHxQxK, v_BxHxKxD))
+    if value_network == "hyper_deep":
+        if w_mid_HxDxD is None:
+            raise ValueError("value_network='hyper_deep' needs w_mid_HxDxD (the extra generated layer)")
+        mixed_BxQxKxHxD = torch.einsum("bqkd,hed->bqkhe", hidden_BxQxKxD, w_mid_HxDxD)
+        hidden_BxQxKxD = act(torch.einsum("bhqk,bqkhe->bqke", a_BxHxQxK, mixed_BxQxKxHxD))
+    elif value_network != "hyper":
+        raise ValueError(
+            f"value_network={value_network!r} is not valid; allowed values: linear, hyper, hyper_deep"
+        )
+    return torch.einsum("bhqk,bqkd->bhqd", a_BxHxQxK, hidden_BxQxKxD), hidden_BxQxKxD
+
+
+def hypernetwork_attention(
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    config: AttentionConfig,
+    *,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+    w_mid_HxDxD: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Direct form of every attention variant: returns ``(y_BxHxQxD, a_BxHxQxK)``."""
+    s = attention_scores(q_BxHxQxE, k_BxHxKxE, bias)
+    a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps)
+    y, _ = value_network(a, v_BxHxKxD, config.value_network, config.nonlinearity, w_mid_HxDxD)
+    return y, a

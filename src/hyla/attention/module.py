@@ -1,0 +1,367 @@
+"""``Attention``: one multi-head attention module for every variant of the paper.
+
+Example::
+
+    attn = Attention(dim=128, num_heads=16, attention="hyla", qk_dim=64, v_dim=64)
+    y_BxTxD, latent_BxHxTxT = attn(x_BxTxD, return_latent=True)
+
+Every intermediate passes through a named :class:`HookPoint` (``hook_q``, ``hook_k``, ``hook_v``,
+``hook_scores``, ``hook_latent``, ``hook_hidden``, ``hook_heads``), so ``register_forward_hook`` on
+e.g. ``model.blocks[0].attn.hook_latent`` reads or edits the latent code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from hyla.attention import functional as fn
+from hyla.attention.config import AttentionConfig, attention_preset
+from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
+
+BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "chunked")
+
+
+class HookPoint(nn.Module):
+    """Identity module marking a named intermediate; attach forward hooks to read or replace it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    @property
+    def has_hooks(self) -> bool:
+        return bool(self._forward_hooks or self._forward_pre_hooks)
+
+
+@dataclass
+class KVCache:
+    """Keys and values seen so far in incremental decoding (``k_BxHxTxE``, ``v_BxHxTxD``).
+
+    The keys are stored after RoPE, so a cached key never needs re-rotation. HYLA's value network is
+    recomputed from the cached keys and values for every new query (its weights depend on q and k).
+    """
+
+    k_BxHxTxE: Tensor | None = None
+    v_BxHxTxD: Tensor | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k_BxHxTxE is None else self.k_BxHxTxE.shape[2]
+
+    def append(self, k_BxHxTxE: Tensor, v_BxHxTxD: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k_BxHxTxE is None or self.v_BxHxTxD is None:
+            self.k_BxHxTxE, self.v_BxHxTxD = k_BxHxTxE, v_BxHxTxD
+        else:
+            self.k_BxHxTxE = torch.cat([self.k_BxHxTxE, k_BxHxTxE], dim=2)
+            self.v_BxHxTxD = torch.cat([self.v_BxHxTxD, v_BxHxTxD], dim=2)
+        return self.k_BxHxTxE, self.v_BxHxTxD
+
+
+@dataclass
+class GeneratedValueNetwork:
+    """The key-query specific value network that the latent code generates, materialized.
+
+    ``layers[i] = (weight_BxQxKxOxI, bias_BxQxKxO or None)``; ``phi`` follows every layer but the
+    last. For ``linear`` there is one layer ``W[q,k] = sum_h a[h,q,k] W_out[h] @ W_val[h]``; for
+    ``hyper`` two (``sum_h a_h W_val[h]`` then ``sum_h a_h W_out[h]``); ``hyper_deep`` has three.
+    ``out_bias_O`` is the output projection's bias, added once per query.
+    """
+
+    layers: list[tuple[Tensor, Tensor | None]]
+    phi: str
+    out_bias_O: Tensor | None
+
+    def __call__(self, context_BxKxC: Tensor) -> Tensor:
+        """``out[q] = sum_k net_{q,k}(x_k) + out_bias``, computed from the materialized weights."""
+        act = fn.nonlinearity(self.phi)
+        h_BxQxKxI = context_BxKxC[:, None, :, :].expand(-1, self.layers[0][0].shape[1], -1, -1)
+        for i, (w_BxQxKxOxI, b_BxQxKxO) in enumerate(self.layers):
+            h_BxQxKxI = torch.einsum("bqkoi,bqki->bqko", w_BxQxKxOxI, h_BxQxKxI)
+            if b_BxQxKxO is not None:
+                h_BxQxKxI = h_BxQxKxI + b_BxQxKxO
+            if i < len(self.layers) - 1:
+                h_BxQxKxI = act(h_BxQxKxI)
+        out_BxQxO = h_BxQxKxI.sum(dim=2)
+        return out_BxQxO if self.out_bias_O is None else out_BxQxO + self.out_bias_O
+
+
+class Attention(nn.Module):
+    """Multi-head attention parameterized by the paper's orthogonal choices.
+
+    Args:
+        dim: width of the query stream (and of the output unless ``out_dim``).
+        num_heads: H.
+        attention: preset name (``"softmax"``, ``"linear"``, ``"hyla"``, ... see ``PRESETS``) or an
+            :class:`AttentionConfig`.
+        qk_dim, v_dim: TOTAL query/key and value widths, split over heads (the paper's convention);
+            default ``dim``. Give ``head_dim_qk`` / ``head_dim_v`` instead to set per-head widths.
+        kv_dim: width of the key/value stream for cross-attention (default ``dim``).
+        out_dim: output width (default ``dim``).
+        causal: mask keys after the query (position-wise, with the decoding offset).
+        relative_position: add a learned T5 relative-position bias per head (own table per module);
+            ``num_buckets``/``max_distance`` configure it, bidirectional unless causal.
+        rope: rotate queries and keys (needs even ``head_dim_qk``).
+        bias: biases in the four projections.
+        nonlinearity: override the preset's phi.
+        backend: ``auto`` | ``reference`` | ``fused`` | ``chunked``; how the hyper value network is
+            computed (see ``hyla.attention.kernels``). The latent code and hooks always use the
+            reference path.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention: str | AttentionConfig = "hyla",
+        *,
+        qk_dim: int | None = None,
+        v_dim: int | None = None,
+        head_dim_qk: int | None = None,
+        head_dim_v: int | None = None,
+        kv_dim: int | None = None,
+        out_dim: int | None = None,
+        causal: bool = False,
+        relative_position: bool = False,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        bias: bool = True,
+        nonlinearity: str | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        config = attention if isinstance(attention, AttentionConfig) else attention_preset(attention)
+        if nonlinearity is not None:
+            config = AttentionConfig(config.normalization, config.value_network, nonlinearity, config.rms_eps)  # type: ignore[arg-type]
+        for name, value in (("dim", dim), ("num_heads", num_heads)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not valid; allowed values: {', '.join(BACKENDS)}")
+        self.config = config
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim_qk = _head_dim("qk_dim", qk_dim, head_dim_qk, dim, num_heads)
+        self.head_dim_v = _head_dim("v_dim", v_dim, head_dim_v, dim, num_heads)
+        if rope and self.head_dim_qk % 2:
+            raise ValueError(f"rope=True needs an even query/key head dim, got head_dim_qk={self.head_dim_qk}")
+        self.kv_dim = kv_dim or dim
+        self.out_dim = out_dim or dim
+        self.causal, self.rope, self.rope_base, self.backend = causal, rope, rope_base, backend
+
+        self.q_proj = nn.Linear(dim, num_heads * self.head_dim_qk, bias=bias)
+        self.k_proj = nn.Linear(self.kv_dim, num_heads * self.head_dim_qk, bias=bias)
+        self.v_proj = nn.Linear(self.kv_dim, num_heads * self.head_dim_v, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim_v, self.out_dim, bias=bias)
+        self.w_mid_HxDxD = (
+            nn.Parameter(torch.randn(num_heads, self.head_dim_v, self.head_dim_v) * self.head_dim_v**-0.5)
+            if config.value_network == "hyper_deep"
+            else None
+        )
+        self.relative_position = (
+            RelativePositionBias(num_heads, num_buckets, max_distance, bidirectional=not causal)
+            if relative_position
+            else None
+        )
+        for name in ("q", "k", "v", "scores", "latent", "hidden", "heads"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"normalization={c.normalization}, value_network={c.value_network}, phi={c.nonlinearity}, "
+            f"heads={self.num_heads}, head_dim_qk={self.head_dim_qk}, head_dim_v={self.head_dim_v}, "
+            f"causal={self.causal}, rope={self.rope}, backend={self.backend}"
+        )
+
+    # ------------------------------------------------------------------ projections and masks
+    def _split_heads(self, x_BxTxHE: Tensor, head_dim: int) -> Tensor:
+        b, t, _ = x_BxTxHE.shape
+        return x_BxTxHE.view(b, t, self.num_heads, head_dim).transpose(1, 2)
+
+    def project(
+        self, x_BxQxD: Tensor, context_BxKxC: Tensor | None = None, q_offset: int = 0
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``q_BxHxQxE``, keys ``k_BxHxKxE`` (both after RoPE) and values ``v_BxHxKxD``."""
+        self._check_inputs(x_BxQxD, context_BxKxC)
+        kv = x_BxQxD if context_BxKxC is None else context_BxKxC
+        q = self._split_heads(self.q_proj(x_BxQxD), self.head_dim_qk)
+        k = self._split_heads(self.k_proj(kv), self.head_dim_qk)
+        v = self._split_heads(self.v_proj(kv), self.head_dim_v)
+        if self.rope:
+            q_pos = torch.arange(q_offset, q_offset + q.shape[2], device=q.device)
+            k_offset = q_offset if context_BxKxC is None else 0
+            k_pos = torch.arange(k_offset, k_offset + k.shape[2], device=k.device)
+            q = apply_rope(q, *rope_angles(q_pos, self.head_dim_qk, self.rope_base))
+            k = apply_rope(k, *rope_angles(k_pos, self.head_dim_qk, self.rope_base))
+        return self.hook_q(q), self.hook_k(k), self.hook_v(v)
+
+    def _check_inputs(self, x: Tensor, context: Tensor | None) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (batch, queries, dim={self.dim}), got {tuple(x.shape)}")
+        if context is not None:
+            if context.dim() != 3 or context.shape[-1] != self.kv_dim:
+                raise ValueError(
+                    f"context must have shape (batch, keys, kv_dim={self.kv_dim}), got {tuple(context.shape)}"
+                )
+            if context.shape[0] != x.shape[0]:
+                raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
+
+    def build_mask(
+        self, batch: int, num_queries: int, num_keys: int, q_offset: int, key_padding_mask_BxK: Tensor | None,
+        device: torch.device,
+    ) -> Tensor | None:
+        """Boolean ``Bx1xQxK`` mask (True = may attend) from causality and key padding, or None."""
+        mask = None
+        if self.causal:
+            q_pos = torch.arange(q_offset, q_offset + num_queries, device=device)
+            mask = (torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None])[None, None]
+        if key_padding_mask_BxK is not None:
+            if key_padding_mask_BxK.dtype != torch.bool or tuple(key_padding_mask_BxK.shape) != (batch, num_keys):
+                raise ValueError(
+                    f"key_padding_mask must be a bool tensor of shape (batch={batch}, keys={num_keys}) with True "
+                    f"at padded keys, got dtype {key_padding_mask_BxK.dtype} shape {tuple(key_padding_mask_BxK.shape)}"
+                )
+            keep = (~key_padding_mask_BxK)[:, None, None, :]
+            mask = keep if mask is None else mask & keep
+        return mask
+
+    def score_bias(self, num_queries: int, num_keys: int, q_offset: int, attn_bias: Tensor | None) -> Tensor | None:
+        """Additive per-head bias (relative positions and/or the caller's), broadcastable to BxHxQxK."""
+        bias = None
+        if self.relative_position is not None:
+            bias = self.relative_position(num_queries, num_keys, q_offset)[None]
+        if attn_bias is not None:
+            try:
+                torch.broadcast_shapes(attn_bias.shape, (1, self.num_heads, num_queries, num_keys))
+            except RuntimeError:
+                raise ValueError(
+                    f"attn_bias must broadcast to (batch, heads={self.num_heads}, queries={num_queries}, "
+                    f"keys={num_keys}), got {tuple(attn_bias.shape)}"
+                ) from None
+            bias = attn_bias if bias is None else bias + attn_bias
+        return bias
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        x_BxQxD: Tensor,
+        context_BxKxC: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_bias: Tensor | None = None,
+        cache: KVCache | None = None,
+        return_latent: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` (queries) to ``context`` (keys/values; ``x`` itself when None).
+
+        Args:
+            key_padding_mask: bool ``BxK``, True at padded keys (PyTorch convention).
+            attn_bias: additive score bias broadcastable to ``BxHxQxK``.
+            cache: a :class:`KVCache` for incremental decoding; the new keys/values are appended and
+                the queries are placed after the cached positions.
+            return_latent: also return the latent code ``a_BxHxQxK`` (the normalized scores).
+        """
+        if cache is not None and context_BxKxC is not None:
+            raise ValueError("cache is for self-attention decoding; pass context=None with a cache")
+        q_offset = cache.length if cache is not None else 0
+        q, k, v = self.project(x_BxQxD, context_BxKxC, q_offset)
+        if cache is not None:
+            k, v = cache.append(k, v)
+            if key_padding_mask is not None and key_padding_mask.shape[-1] != k.shape[2]:
+                raise ValueError("with a cache, key_padding_mask must cover all cached keys (batch, cache length)")
+        b, _, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        mask = self.build_mask(b, nq, nk, q_offset, key_padding_mask, q.device)
+        # with a causal cache the offset already encodes the query positions
+        bias = self.score_bias(nq, nk, q_offset, attn_bias)
+        y_BxHxQxD, a = self._attend(q, k, v, mask, bias, need_latent=return_latent)
+        y_BxHxQxD = self.hook_heads(y_BxHxQxD)
+        out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))
+        return (out, a) if return_latent else out
+
+    def _uses_reference(self, need_latent: bool) -> bool:
+        if need_latent or self.backend == "reference" or not self.config.is_hyper:
+            return True
+        hooks = (self.hook_scores, self.hook_latent, self.hook_hidden)
+        return any(h.has_hooks for h in hooks)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_latent: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        if not self._uses_reference(need_latent):
+            from hyla.attention.kernels import dispatch
+
+            y = dispatch(self.backend, q, k, v, self.config, mask=mask, bias=bias, w_mid_HxDxD=self.w_mid_HxDxD)
+            if y is not None:
+                return y, None
+        s = self.hook_scores(fn.attention_scores(q, k, bias))
+        a = self.hook_latent(fn.normalize_scores(s, self.config.normalization, mask, self.config.rms_eps))
+        y, hidden = fn.value_network(a, v, self.config.value_network, self.config.nonlinearity, self.w_mid_HxDxD)
+        if hidden is not None:
+            self.hook_hidden(hidden)
+        return y, a
+
+    # ------------------------------------------------------------------ the hypernetwork view
+    @torch.no_grad()
+    def latent_code(self, x_BxQxD: Tensor, context_BxKxC: Tensor | None = None, **kwargs: Tensor | None) -> Tensor:
+        """The latent code ``a_BxHxQxK`` for these inputs (no gradient)."""
+        _, a = self.forward(x_BxQxD, context_BxKxC, return_latent=True, **kwargs)  # type: ignore[misc]
+        return a
+
+    def value_network_weights(
+        self,
+        x_BxQxD: Tensor,
+        context_BxKxC: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_bias: Tensor | None = None,
+    ) -> GeneratedValueNetwork:
+        """Materialize the key-query specific value network ``W[q,k]`` (memory B*Q*K*O*I: small inputs).
+
+        ``self.value_network_weights(x)(x)`` equals ``self(x)``; tests use this as the proof that the
+        module is a hypernetwork.
+        """
+        _, a = self.forward(
+            x_BxQxD, context_BxKxC, key_padding_mask=key_padding_mask, attn_bias=attn_bias, return_latent=True
+        )
+        h, dv = self.num_heads, self.head_dim_v
+        w_val_HxDxC = self.v_proj.weight.view(h, dv, self.kv_dim)
+        b_val_HxD = self.v_proj.bias.view(h, dv) if self.v_proj.bias is not None else None
+        w_out_HxOxD = self.out_proj.weight.view(self.out_dim, h, dv).permute(1, 0, 2)
+        out_bias = self.out_proj.bias
+
+        def generate(w_HxOxI: Tensor) -> Tensor:
+            return torch.einsum("bhqk,hoi->bqkoi", a, w_HxOxI)
+
+        def generate_bias(b_HxO: Tensor | None) -> Tensor | None:
+            return None if b_HxO is None else torch.einsum("bhqk,ho->bqko", a, b_HxO)
+
+        if self.config.value_network == "linear":
+            w_HxOxC = torch.einsum("hod,hdc->hoc", w_out_HxOxD, w_val_HxDxC)
+            b_HxO = None if b_val_HxD is None else torch.einsum("hod,hd->ho", w_out_HxOxD, b_val_HxD)
+            layers = [(generate(w_HxOxC), generate_bias(b_HxO))]
+        else:
+            layers = [(generate(w_val_HxDxC), generate_bias(b_val_HxD))]
+            if self.w_mid_HxDxD is not None:
+                layers.append((generate(self.w_mid_HxDxD), None))
+            layers.append((generate(w_out_HxOxD), None))
+        return GeneratedValueNetwork(layers, self.config.nonlinearity, out_bias)
+
+
+def _head_dim(name: str, total: int | None, per_head: int | None, dim: int, num_heads: int) -> int:
+    if total is not None and per_head is not None:
+        raise ValueError(f"give either {name} (total, split over heads) or head_dim_{name[:-4]} (per head), not both")
+    if per_head is not None:
+        if per_head < 1:
+            raise ValueError(f"head_dim_{name[:-4]} must be >= 1, got {per_head}")
+        return per_head
+    total = dim if total is None else total
+    if total < 1 or total % num_heads:
+        raise ValueError(
+            f"{name}={total} must be a positive multiple of num_heads={num_heads} "
+            f"(the paper's convention: {name} is the total width split over heads)"
+        )
+    return total // num_heads

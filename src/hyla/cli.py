@@ -1,0 +1,50 @@
+"""The ``hyla`` command line. Each subcommand lives beside the code it drives and registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand -> module providing ``register(subparsers)``; imported lazily so ``hyla --help`` is fast
+SUBCOMMANDS: dict[str, str] = {
+    "demo": "hyla.train.demo",
+    "train": "hyla.train.cli",
+    "data": "hyla.tasks.cli",
+    "bench": "hyla.bench",
+    "analyze": "hyla.analysis.cli",
+    "report": "hyla.analysis.report",
+    "generate": "hyla.text.generate",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hyla", description="Attention as a Hypernetwork: train, evaluate, analyze.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=f"(see `hyla {name} --help`)")
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and err.name.startswith("hyla"):
+                continue  # that part of the suite is not installed in this checkout
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(only=command)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if command is None else 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

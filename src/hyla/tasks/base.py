@@ -1,0 +1,58 @@
+"""The interface every task implements: fresh problems on demand, a loss and per-problem metrics."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    """One batch of problems, all tensors on the generator's device.
+
+    ``inputs`` is ``B x T x input_dim`` (float) as the model reads it; ``targets`` is task-specific;
+    ``info`` holds the ground truth behind each problem (rules, terms, ...) for analysis.
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    info: dict[str, Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.inputs.to(device), self.targets.to(device), {k: v.to(device) for k, v in self.info.items()})
+
+
+class Task(ABC):
+    """A stream of problems. ``sample`` must be deterministic given the generator's state."""
+
+    name: str
+    input_dim: int
+    output_dim: int
+    seq_len: int
+    #: evaluation splits besides ``train`` (e.g. ``("test", "ood")``)
+    eval_splits: tuple[str, ...]
+    #: the metric that summarizes a split (``"acc"`` or ``"r2"``); higher is better
+    primary_metric: str
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", *self.eval_splits)
+
+    @abstractmethod
+    def sample(self, batch_size: int, split: str, generator: torch.Generator) -> Batch:
+        """``batch_size`` fresh problems of ``split`` drawn with ``generator`` (on its device)."""
+
+    @abstractmethod
+    def loss(self, outputs_BxTxO: Tensor, batch: Batch) -> Tensor:
+        """Scalar training loss (mean over the batch)."""
+
+    @abstractmethod
+    def metrics(self, outputs_BxTxO: Tensor, batch: Batch) -> dict[str, Tensor]:
+        """Per-problem metrics, each a ``(B,)`` tensor, including ``"loss"`` and ``primary_metric``."""
+
+    def check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise ValueError(f"split={split!r} is not valid for {self.name}; allowed values: {', '.join(self.splits)}")
