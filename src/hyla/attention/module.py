@@ -195,8 +195,8 @@ class Attention(nn.Module):
             q_pos = torch.arange(q_offset, q_offset + q.shape[2], device=q.device)
             k_offset = q_offset if context_BxKxC is None else 0
             k_pos = torch.arange(k_offset, k_offset + k.shape[2], device=k.device)
-            q = apply_rope(q, *rope_angles(q_pos, self.head_dim_qk, self.rope_base))
-            k = apply_rope(k, *rope_angles(k_pos, self.head_dim_qk, self.rope_base))
+            q = apply_rope(q, *rope_angles(q_pos, self.head_dim_qk, self.rope_base, q.dtype))
+            k = apply_rope(k, *rope_angles(k_pos, self.head_dim_qk, self.rope_base, k.dtype))
         return self.hook_q(q), self.hook_k(k), self.hook_v(v)
 
     def _check_inputs(self, x: Tensor, context: Tensor | None) -> None:

@@ -59,12 +59,15 @@ class RelativePositionBias(nn.Module):
         return self.embedding_HxN[:, buckets_QxK]
 
 
-def rope_angles(positions_T: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """Cosines and sines (T x head_dim/2) of the rotary embedding for the given positions."""
+def rope_angles(
+    positions_T: Tensor, head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """Cosines and sines (T x head_dim/2) of the rotary embedding, computed in ``dtype`` (>= fp32)."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even query/key head dim, got {head_dim}")
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions_T.device, dtype=torch.float32) / head_dim)
-    angles_TxE2 = positions_T.float()[:, None] * inv_freq[None, :]
+    dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions_T.device, dtype=dtype) / head_dim)
+    angles_TxE2 = positions_T.to(dtype)[:, None] * inv_freq[None, :]
     return angles_TxE2.cos(), angles_TxE2.sin()
 
 
