@@ -1,0 +1,43 @@
+"""Reading run directories: resolved config and metrics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def curve(self, split: str, metric: str) -> tuple[list[int], list[float]]:
+        rows = [m for m in self.metrics if m["split"] == split and metric in m]
+        return [m["step"] for m in rows], [m[metric] for m in rows]
+
+    def final(self, split: str) -> dict[str, Any] | None:
+        rows = [m for m in self.metrics if m["split"] == split]
+        return rows[-1] if rows else None
+
+    @property
+    def primary_metric(self) -> str:
+        return "acc" if self.config["data"]["task"] == "sraven" else "r2"
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    cfg_path, metrics_path = path / "config.yaml", path / "metrics.jsonl"
+    if not cfg_path.is_file() or not metrics_path.is_file():
+        raise ValueError(f"{path} is not a run directory (needs config.yaml and metrics.jsonl)")
+    config = yaml.safe_load(cfg_path.read_text())
+    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    return Run(path, config, metrics)

@@ -1,0 +1,129 @@
+"""``hyla bench step``: time one full training step (forward, backward, AdamW) per attention variant.
+
+Each variant runs in its own subprocess so that peak memory is per variant: on CUDA it is
+``torch.cuda.max_memory_allocated``; on CPU the subprocess's peak resident set size (which includes
+the ~0.3 GB of the PyTorch runtime itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from hyla.models import Transformer, TransformerConfig, num_parameters
+
+TASK_MODELS = {
+    # the paper's models (notes section 2); seq_len and input/output sizes of the task encodings
+    "sraven": dict(num_layers=4, emb_dim=128, num_heads=16, qk_dim=64, v_dim=64, mlp_dim=256),
+    "fuzzy_logic": dict(num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256),
+}
+
+
+def _task_shapes(task: str) -> tuple[int, int, int]:
+    """(seq_len, input_dim, output_dim) from the task generator."""
+    from hyla.tasks import make_task
+
+    t = make_task(task)
+    return t.seq_len, t.input_dim, t.output_dim
+
+
+def time_variant(task: str, variant: str, batch_size: int, steps: int, warmup: int, device: str,
+                 compile_model: bool = False) -> dict[str, float]:
+    seq_len, input_dim, output_dim = _task_shapes(task)
+    torch.manual_seed(0)
+    cfg = TransformerConfig(input_dim=input_dim, output_dim=output_dim, attention=variant,
+                            relative_position_buckets=seq_len, relative_position_max_distance=seq_len,
+                            **TASK_MODELS[task])
+    model = Transformer(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    step_fn = torch.compile(model) if compile_model else model
+    x = torch.randn(batch_size, seq_len, input_dim, device=device)
+    y = torch.randint(0, output_dim, (batch_size, seq_len), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = step_fn(x)
+        torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten()).backward()
+        opt.step()
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        step()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    ms = 1000 * statistics.median(times)
+    if device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "ms_per_step": ms,
+        "tokens_per_s": batch_size * seq_len / (ms / 1000),
+        "peak_mem_mb": peak,
+        "params": float(num_parameters(model)),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    from hyla.attention import PRESETS
+
+    unknown = [v for v in variants if v not in PRESETS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(PRESETS)}")
+    if args.task not in TASK_MODELS:
+        raise SystemExit(f"--task must be one of {', '.join(TASK_MODELS)}, got {args.task!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
+    results: dict[str, dict[str, float]] = {}
+    for v in variants:
+        cmd = [sys.executable, "-c", "import json,sys; from hyla.bench.step import time_variant; "
+               f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
+               f"{args.warmup}, {args.device!r}, {args.compile})))"]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        results[v] = json.loads(out)
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else (
+        f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    base = results.get("softmax", {}).get("ms_per_step")
+    print(f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__}")
+    print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
+    for v, r in results.items():
+        ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
+        print(f"{v:34s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_mem_mb']:9.0f} "
+              f"{int(r['params']):9d} {ratio:>10s}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"variants": results, "device": device_name, "task": args.task, "batch_size": args.batch_size,
+                       "torch": torch.__version__, "steps": args.steps}, f, indent=2)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("step", help="time a full training step per attention variant")
+    p.add_argument("--task", default="sraven", help="sraven | fuzzy_logic (the paper's model for that task)")
+    p.add_argument("--variants", default="softmax,linear,hyla", help="comma-separated attention presets")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--json", help="write {'variants': {name: {'ms_per_step', 'peak_mem_mb', ...}}, 'device'}")
+    p.set_defaults(func=run)

@@ -1,0 +1,124 @@
+"""Checkpoints that are written atomically and load without unpickling code.
+
+Layout of a run directory::
+
+    checkpoints/step-000500/model.safetensors   weights
+    checkpoints/step-000500/optimizer.pt        optimizer state (tensors and numbers: weights_only load)
+    checkpoints/step-000500/rng.safetensors     data-stream generator(s) and torch RNG states
+    checkpoints/step-000500/state.json          step, config, metric accumulators, world size
+    checkpoints/latest                          name of the newest complete checkpoint
+
+A checkpoint directory is written under a temporary name and renamed when complete; ``latest`` is
+replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or belongs to another configuration."""
+
+
+@dataclass
+class TrainingState:
+    step: int
+    config: dict[str, Any]
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+    extra: dict[str, Any]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, state: TrainingState, keep: int = 2) -> Path:
+    """Write ``state`` as the newest checkpoint of ``run_dir``; keep the ``keep`` newest."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:09d}"
+    final = root / name
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.model.items()}, str(tmp / "model.safetensors"))
+        torch.save(state.optimizer, tmp / "optimizer.pt")
+        save_file({k: v.contiguous().cpu() for k, v in state.rng.items()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"step": state.step, "config": state.config, "extra": state.extra}))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_text_atomic(root / "latest", name)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    if not path.is_dir():
+        raise CheckpointError(f"{pointer} names {path.name}, which does not exist: the run directory is damaged")
+    return path
+
+
+def load_checkpoint(path: Path) -> TrainingState:
+    """Read a checkpoint directory; any damage raises :class:`CheckpointError` naming the file."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "state.json").read_text())
+        model = load_file(str(path / "model.safetensors"))
+        rng = load_file(str(path / "rng.safetensors"))
+        optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError, KeyError, EOFError, Exception) as err:  # noqa: BLE001
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); "
+            "restore it, or start a fresh run in another --out directory"
+        ) from err
+    return TrainingState(meta["step"], meta["config"], model, optimizer, rng, meta.get("extra", {}))
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts."""
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key, "<missing>"), current.get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: checkpoint has {a!r}, now {b!r}")
+    return diffs

@@ -1,0 +1,214 @@
+"""Experiment configuration: typed dataclasses, YAML files in ``configs/``, ``key.sub=value`` overrides.
+
+An experiment is ``seed`` + ``data`` (the task and its split) + ``model`` (a
+:class:`~hyla.models.TransformerConfig`; input/output sizes come from the task) + ``train``.
+Unknown keys fail with the list of valid keys at that level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hyla.models import TransformerConfig
+
+
+@dataclass
+class DataConfig:
+    """The task. Fields apply to the task named in their comment; the others are ignored."""
+
+    task: str = "sraven"  # sraven | fuzzy_logic
+    holdout: float = 0.25  # fraction of task combinations held out as the OOD split
+    split_seed: int = 0  # which combinations are held out; independent of the training seed
+    num_features: int = 4  # sraven
+    num_values: int = 8  # sraven
+    grid_size: int = 3  # sraven
+    unambiguous_only: bool = False  # sraven
+    num_variables: int = 4  # fuzzy_logic
+    num_terms: int = 2  # fuzzy_logic
+    num_examples: int = 32  # fuzzy_logic
+    num_unseen_terms: int = 2  # fuzzy_logic
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 128  # global batch (split over DDP processes)
+    lr: float = 1e-3
+    weight_decay: float = 0.1  # applied to parameters with >= 2 dims only
+    warmup_steps: int = 100  # linear warmup from 0
+    final_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
+    eval_every: int = 500
+    eval_size: int = 51_200  # problems per split at each evaluation (the paper: 51,200)
+    eval_batch_size: int = 1024
+    eval_seed: int = 1234  # evaluation problems are the same for every run and every evaluation
+    log_every: int = 50
+    checkpoint_every: int = 1000
+    data_seed: int | None = None  # training stream; default derived from `seed`
+    moe_aux_weight: float = 0.01
+    bf16: bool = False
+    compile: bool = False
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    seed: int = 0  # model initialization (and the data stream unless train.data_seed)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: TransformerConfig = field(default_factory=TransformerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def data_seed(self) -> int:
+        return self.train.data_seed if self.train.data_seed is not None else 1_000_003 * (self.seed + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        t = self.train
+        for name in ("steps", "batch_size", "eval_every", "eval_size", "eval_batch_size", "log_every", "checkpoint_every"):
+            if getattr(t, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+        if not 0 <= t.warmup_steps:
+            raise ValueError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+        if not t.lr > 0:
+            raise ValueError(f"train.lr must be > 0, got {t.lr}")
+        if not 0 <= t.final_lr_fraction <= 1:
+            raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
+        if self.data.task not in ("sraven", "fuzzy_logic"):
+            raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic")
+        self.model.validate() if self.model.input_dim is not None or self.model.vocab_size is not None else None
+
+
+# ---------------------------------------------------------------------------------------- parsing
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be a mapping of its fields, got {value!r}")
+        return _build(annotation, value, key + ".")
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    types_ = _field_types(cls)
+    unknown = sorted(set(values) - set(types_))
+    if unknown:
+        raise ValueError(
+            f"unknown config key {prefix}{unknown[0]}; valid keys at {prefix.rstrip('.') or 'top level'}: "
+            f"{', '.join(types_)}"
+        )
+    kwargs = {name: _coerce(v, types_[name], prefix + name) for name, v in values.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {key}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["model.attention=hyla", "train.lr=3e-4"]`` -> nested dict (values parsed as YAML scalars)."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        if isinstance(value, str):  # YAML reads 3e-4 as a string; accept plain numbers too
+            try:
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                pass
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
+    cfg = _build(ExperimentConfig, values)
+    cfg.validate()
+    return cfg
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A YAML path, or the name of a file in the repository's ``configs/`` (``sraven``, ``fuzzy_logic``)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    candidate = CONFIG_DIR / (name_or_path if name_or_path.endswith(".yaml") else name_or_path + ".yaml")
+    if candidate.is_file():
+        return candidate
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+    raise ValueError(f"config {name_or_path!r} not found; give a YAML path or one of: {', '.join(available)}")
+
+
+def read_config_values(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The YAML mapping of a config; a top-level ``base: other.yaml`` is read first and overlaid."""
+    path = resolve_config_path(name_or_path).resolve()
+    if path in _seen:
+        raise ValueError(f"config {path} includes itself through 'base'")
+    with open(path) as f:
+        values = yaml.safe_load(f) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: the top level of a config must be a mapping")
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    base_path = path.parent / base if (path.parent / base).is_file() else base
+    return _merge(read_config_values(str(base_path), (*_seen, path)), values)
+
+
+def load_config(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    return config_from_dict(_merge(read_config_values(name_or_path), parse_overrides(overrides or [])))
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,391 @@
+"""The training loop: fresh problems every step, periodic evaluation, exact resume, DDP.
+
+Determinism contract: with the same config, a run interrupted by ``--stop-at-step`` (or a signal)
+and resumed writes the same ``metrics.jsonl`` as an uninterrupted run, bit for bit on CPU. Everything
+random is drawn from generators whose states are checkpointed, and every metric written is a
+function of the step alone (timing goes only to the progress bar and TensorBoard).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from hyla.models import Transformer, num_parameters
+from hyla.tasks.base import Task
+from hyla.train.checkpoint import (
+    CheckpointError,
+    TrainingState,
+    config_differences,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hyla.train.config import ExperimentConfig, dump_config
+
+#: config keys that may change between an interrupted run and its resumption
+RESUMABLE_CHANGES = ("train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# ------------------------------------------------------------------------------ building blocks
+def build_task(cfg: ExperimentConfig) -> Task:
+    from hyla.tasks import make_task
+
+    d = cfg.data
+    if d.task == "sraven":
+        return make_task(
+            "sraven", num_features=d.num_features, num_values=d.num_values, grid_size=d.grid_size,
+            holdout=d.holdout, split_seed=d.split_seed, unambiguous_only=d.unambiguous_only,
+        )
+    return make_task(
+        "fuzzy_logic", num_variables=d.num_variables, num_terms=d.num_terms, num_examples=d.num_examples,
+        holdout=d.holdout, split_seed=d.split_seed, num_unseen_terms=d.num_unseen_terms,
+    )
+
+
+def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
+    m = cfg.model
+    m.input_dim, m.output_dim, m.vocab_size = task.input_dim, task.output_dim, None
+    if m.relative_position:
+        m.relative_position_buckets = m.relative_position_max_distance = task.seq_len
+    torch.manual_seed(cfg.seed)
+    return Transformer(m)
+
+
+def build_optimizer(model: nn.Module, cfg: ExperimentConfig, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda")
+
+
+def lr_at(step: int, cfg: ExperimentConfig) -> float:
+    """Linear warmup from 0 over ``warmup_steps``, then cosine decay to ``final_lr_fraction * lr``."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * step / t.warmup_steps
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps))
+    return t.lr * (t.final_lr_fraction + (1 - t.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): NCCL on CUDA, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local)
+    return Dist(dist.get_rank(), dist.get_world_size(), local)
+
+
+# ------------------------------------------------------------------------------ the trainer
+class Trainer:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        *,
+        device: str = "cpu",
+        resume: bool = False,
+        stop_at_step: int | None = None,
+        quiet: bool = False,
+        progress: bool = True,
+    ) -> None:
+        self.cfg, self.run_dir, self.quiet = cfg, Path(run_dir), quiet
+        self.stop_at_step = stop_at_step
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
+        self.dist = init_distributed(device)
+        self.device = torch.device(f"cuda:{self.dist.local_rank}" if device == "cuda" and self.dist.world > 1 else device)
+        if cfg.train.batch_size % self.dist.world:
+            raise ValueError(
+                f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
+                f"({self.dist.world}): the global batch is split over them"
+            )
+        self.task = build_task(cfg)
+        self.model = build_model(cfg, self.task).to(self.device)
+        cfg.validate()
+        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        self.forward_model: nn.Module = self.model
+        if self.dist.world > 1:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None
+            )
+        if cfg.train.compile:
+            self.forward_model = torch.compile(self.forward_model)  # type: ignore[assignment]
+        self.data_gen = torch.Generator(self.device).manual_seed(cfg.data_seed * 1009 + self.dist.rank)
+        self.step = 0
+        self._acc: dict[str, Tensor] = {}
+        self._nonfinite_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self._stop_signal: int | None = None
+        self.progress = progress and not quiet and self.dist.is_main
+        self._prepare_run_dir(resume)
+        self.writer = None
+        if self.dist.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tb"))
+
+    # ----------------------------------------------------------------- run directory and resume
+    def _prepare_run_dir(self, resume: bool) -> None:
+        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
+        if resume:
+            if ckpt is None:
+                raise CheckpointError(
+                    f"--resume: no checkpoint in {self.run_dir} (expected {self.run_dir}/checkpoints/latest); "
+                    "drop --resume to start a new run"
+                )
+            self._restore(load_checkpoint(ckpt))
+        elif ckpt is not None or (self.run_dir / "metrics.jsonl").exists():
+            raise CheckpointError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+            self._truncate_metrics_after(self.step)
+
+    def _restore(self, state: TrainingState) -> None:
+        diffs = [d for d in config_differences(state.config, self.cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)]
+        if diffs:
+            raise CheckpointError(
+                "the checkpoint was written by a different configuration; refusing to resume:\n  " + "\n  ".join(diffs)
+            )
+        if state.extra.get("world_size", 1) != self.dist.world:
+            raise CheckpointError(
+                f"the checkpoint was written by {state.extra.get('world_size')} processes, now {self.dist.world}; "
+                "resume with the same number of processes"
+            )
+        try:
+            self.model.load_state_dict(state.model)
+            self.optimizer.load_state_dict(state.optimizer)
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint does not fit this model/optimizer: {err}") from err
+        self.step = state.step
+        self.data_gen.set_state(state.rng[f"data_rank{self.dist.rank}"].to(torch.uint8))
+        torch.set_rng_state(state.rng["torch_cpu"].to(torch.uint8))
+        self._acc = {k.removeprefix("acc_"): v.to(self.device) for k, v in state.rng.items() if k.startswith("acc_")}
+
+    def _truncate_metrics_after(self, step: int) -> None:
+        """Drop metric lines past the checkpoint (written after it by a run that was then interrupted)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+
+    def save(self) -> None:
+        rng = {"torch_cpu": torch.get_rng_state()}
+        gen_state = self.data_gen.get_state()
+        if self.dist.world > 1:
+            states: list[Any] = [None] * self.dist.world
+            dist.all_gather_object(states, gen_state.cpu())
+            rng.update({f"data_rank{r}": s for r, s in enumerate(states)})
+        else:
+            rng["data_rank0"] = gen_state
+        rng.update({f"acc_{k}": v.detach() for k, v in self._acc.items()})
+        if self.dist.is_main:
+            save_checkpoint(
+                self.run_dir,
+                TrainingState(self.step, self.cfg.to_dict(), self.model.state_dict(), self.optimizer.state_dict(), rng,
+                              {"world_size": self.dist.world}),
+            )
+        if self.dist.world > 1:
+            dist.barrier()
+
+    # ----------------------------------------------------------------- metrics
+    def _log(self, step: int, split: str, values: dict[str, float]) -> None:
+        if not self.dist.is_main:
+            return
+        record = {"step": step, "split": split, **values}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for k, v in values.items():
+                self.writer.add_scalar(f"{split}/{k}", v, step)
+
+    def _autocast(self) -> Any:
+        if not self.cfg.train.bf16:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, dict[str, float]]:
+        """Mean per-problem metrics over ``eval_size`` problems of every split (same problems each time)."""
+        t = self.cfg.train
+        self.model.eval()
+        results = {}
+        for i, split in enumerate(self.task.splits):
+            gen = torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i)
+            sums: dict[str, Tensor] = {}
+            count = 0
+            batches = math.ceil(t.eval_size / t.eval_batch_size)
+            for b in range(batches):
+                n = min(t.eval_batch_size, t.eval_size - b * t.eval_batch_size)
+                batch = self.task.sample(n, split, gen)  # every rank draws all batches: identical streams
+                if b % self.dist.world != self.dist.rank:
+                    continue
+                with self._autocast():
+                    out = self.model(batch.inputs)
+                for k, v in self.task.metrics(out.float(), batch).items():
+                    sums[k] = sums.get(k, 0) + v.double().sum()
+                count += n
+            keys = sorted(sums)
+            vec = torch.stack([sums[k] for k in keys] + [torch.tensor(float(count), dtype=torch.float64, device=self.device)])
+            if self.dist.world > 1:
+                dist.all_reduce(vec)
+            results[split] = {k: (vec[j] / vec[-1]).item() for j, k in enumerate(keys)}
+        self.model.train()
+        return results
+
+    # ----------------------------------------------------------------- the loop
+    def train_step(self) -> None:
+        t = self.cfg.train
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.cfg)
+        batch = self.task.sample(t.batch_size // self.dist.world, "train", self.data_gen)
+        with self._autocast():
+            out = self.forward_model(batch.inputs)
+            loss = self.task.loss(out.float(), batch)
+            if self.cfg.model.moe_experts:
+                loss = loss + t.moe_aux_weight * self.model.aux_loss
+        bad = ~torch.isfinite(loss.detach())
+        self._nonfinite_step = torch.where(bad & (self._nonfinite_step < 0), self.step + 1, self._nonfinite_step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            m = self.task.metrics(out.detach().float(), batch)
+            for k in ("loss", self.task.primary_metric):
+                self._acc[k] = self._acc.get(k, torch.zeros((), dtype=torch.float64, device=self.device)) + m[k].double().mean()
+            self._acc["_n"] = self._acc.get("_n", torch.zeros((), dtype=torch.float64, device=self.device)) + 1
+        self.step += 1
+
+    def _check_finite(self) -> None:
+        bad_step = int(self._nonfinite_step.item())
+        if bad_step >= 0:
+            raise NonFiniteLossError(
+                f"loss became NaN/inf at step {bad_step}; stopped. The last good checkpoint "
+                f"({latest_checkpoint(self.run_dir) or 'none yet'}) is kept; lower train.lr or try train.bf16=false"
+            )
+
+    def _flush_train_metrics(self) -> dict[str, float]:
+        n = self._acc.pop("_n", None)
+        if n is None:
+            return {}
+        vec = torch.stack([self._acc[k] for k in sorted(self._acc)] + [n])
+        if self.dist.world > 1:
+            dist.all_reduce(vec)
+            vec = vec / self.dist.world
+        values = {k: (vec[j] / vec[-1]).item() for j, k in enumerate(sorted(self._acc))}
+        self._acc = {}
+        return values
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        self._stop_signal = signum
+
+    def run(self) -> dict[str, dict[str, float]]:
+        t = self.cfg.train
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=t.steps, initial=self.step, dynamic_ncols=True, desc=self.cfg.name)
+        if self.step == 0 and self.dist.is_main:
+            self._say(f"{self.cfg.name}: {num_parameters(self.model):,} parameters, {t.steps} steps, device {self.device}")
+        last_results: dict[str, dict[str, float]] = {}
+        t_last, step_last = time.perf_counter(), self.step
+        try:
+            while self.step < t.steps:
+                self.train_step()
+                s = self.step
+                if s % t.log_every == 0 or s == t.steps:
+                    self._check_finite()
+                    train_metrics = self._flush_train_metrics()
+                    self._log(s, "train_batch", {**train_metrics, "lr": lr_at(s - 1, self.cfg)})
+                    now = time.perf_counter()
+                    steps_per_s = (s - step_last) / max(now - t_last, 1e-9)
+                    t_last, step_last = now, s
+                    if self.writer is not None:
+                        self.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
+                    summary = {k: f"{v:.4g}" for k, v in train_metrics.items()} | {"it/s": f"{steps_per_s:.1f}"}
+                    if bar is not None:
+                        bar.set_postfix(summary)
+                    elif self.quiet and self.dist.is_main:
+                        self._say(f"step {s}/{t.steps} " + " ".join(f"{k}={v}" for k, v in summary.items()))
+                if s % t.eval_every == 0 or s == t.steps:
+                    self._check_finite()
+                    last_results = self.evaluate()
+                    for split, values in last_results.items():
+                        self._log(s, split, values)
+                    if self.quiet and self.dist.is_main:
+                        self._say(f"eval step {s}: " + ", ".join(
+                            f"{sp} {self.task.primary_metric}={v[self.task.primary_metric]:.4f}" for sp, v in last_results.items()))
+                if s % t.checkpoint_every == 0 or s == t.steps:
+                    self._check_finite()
+                    self.save()
+                if bar is not None:
+                    bar.update(1)
+                if self.stop_at_step is not None and s >= self.stop_at_step and s < t.steps:
+                    self._check_finite()
+                    self.save()
+                    self._say(f"stopped at step {s} (--stop-at-step); resume with --resume")
+                    break
+                if self._stop_signal is not None:
+                    self._check_finite()
+                    self.save()
+                    raise Interrupted(self._stop_signal)
+        finally:
+            if bar is not None:
+                bar.close()
+            for s_, h in old_handlers.items():
+                signal.signal(s_, h)
+            if self.writer is not None:
+                self.writer.flush()
+        return last_results
+
+    def _say(self, text: str) -> None:
+        if self.dist.is_main:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.dist.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,205 @@
+"""`hyla train`: runs per task, exact resume, DDP on gloo, reliability, configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyla.cli import main
+from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.config import ExperimentConfig, load_config, parse_overrides
+from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer, lr_at
+
+TINY_MODEL = ["model.num_layers=1", "model.emb_dim=16", "model.num_heads=2", "model.qk_dim=8", "model.v_dim=8",
+              "model.mlp_dim=32"]
+
+
+def tiny(task: str, steps: int = 8, **extra: object) -> list[str]:
+    overrides = [*TINY_MODEL, f"train.steps={steps}", "train.eval_every=4", "train.eval_size=64",
+                 "train.eval_batch_size=32", "train.log_every=2", "train.checkpoint_every=4", "train.batch_size=16",
+                 "train.warmup_steps=2"]
+    return [task, *overrides, *(f"{k}={v}" for k, v in extra.items())]
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("task", "metric", "splits"), [
+    ("sraven", "acc", {"train", "test", "ood"}),
+    ("fuzzy_logic", "r2", {"train", "test", "ood", "unseen_terms"}),
+])
+def test_few_step_run_through_cli(tmp_path: Path, task: str, metric: str, splits: set[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["train", *tiny(task), "--out", str(out), "--quiet"]) == 0
+    cfg = load_config(str(out / "config.yaml"))
+    assert cfg.model.attention == "hyla" and cfg.train.steps == 8
+    rows = read_metrics(out)
+    evals = [r for r in rows if r["split"] in splits]
+    assert {r["step"] for r in evals} == {4, 8} and {r["split"] for r in evals} == splits
+    assert all(metric in r and "loss" in r for r in evals)
+    if task == "sraven":
+        assert all("feature_acc" in r for r in evals)
+    train_rows = [r for r in rows if r["split"] == "train_batch"]
+    assert [r["step"] for r in train_rows] == [2, 4, 6, 8] and all(metric in r for r in train_rows)
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None and ckpt.name == "step-000000008"
+    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"}
+
+
+def test_interrupted_then_resumed_run_is_bitwise_identical(tmp_path: Path) -> None:
+    # stop at 5: between logs (2, 4, 6) and checkpoints (4, 8), so accumulators and data stream must resume
+    args = tiny("fuzzy_logic", steps=10, **{"model.attention": "hyla", "train.eval_every": 3})
+    assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--stop-at-step", "5"]) == 0
+    assert latest_checkpoint(tmp_path / "b").name == "step-000000005"
+    assert max(r["step"] for r in read_metrics(tmp_path / "b")) == 4  # logs at 2, 4; eval at 3
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--resume"]) == 0
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+    wa = load_checkpoint(latest_checkpoint(tmp_path / "a")).model
+    wb = load_checkpoint(latest_checkpoint(tmp_path / "b")).model
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resume_drops_metrics_written_after_the_checkpoint(tmp_path: Path) -> None:
+    args = tiny("sraven", steps=8)
+    assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--stop-at-step", "4"]) == 0
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as f:  # as if the job logged step 6 and then died
+        f.write(json.dumps({"step": 6, "split": "train_batch", "loss": 0.0}) + "\n")
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--resume"]) == 0
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    cfg = load_config(*_split(tiny("fuzzy_logic", steps=12, **{"train.log_every": 1})))
+    trainer = Trainer(cfg, tmp_path / "run", quiet=True)
+    real_loss = trainer.task.loss
+
+    def poisoned(out, batch):
+        loss = real_loss(out, batch)
+        return loss * float("nan") if trainer.step == 6 else loss  # the 7th update
+
+    monkeypatch.setattr(trainer.task, "loss", poisoned)
+    with pytest.raises(NonFiniteLossError, match="at step 7"):
+        trainer.run()
+    trainer.close()
+    assert latest_checkpoint(tmp_path / "run").name == "step-000000004"
+    state = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert all(torch.isfinite(v).all() for v in state.model.values())
+
+
+def test_signal_saves_a_checkpoint_then_resume_matches(tmp_path: Path) -> None:
+    args = tiny("fuzzy_logic", steps=8)
+    assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    cfg = load_config(*_split(args))
+    trainer = Trainer(cfg, tmp_path / "b", quiet=True)
+    real_step = trainer.train_step
+
+    def step_then_sigterm() -> None:
+        real_step()
+        if trainer.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.train_step = step_then_sigterm  # type: ignore[method-assign]
+    with pytest.raises(Interrupted):
+        trainer.run()
+    trainer.close()
+    assert latest_checkpoint(tmp_path / "b").name == "step-000000003"
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--resume"]) == 0
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+
+
+def test_checkpoint_errors_are_clear(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    args = tiny("fuzzy_logic", steps=4)
+    assert main(["train", *args, "--out", str(tmp_path / "none"), "--resume", "--quiet"]) == 2
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert main(["train", *args, "--out", str(out), "--quiet"]) == 0
+    assert main(["train", *args, "--out", str(out), "--quiet"]) == 2
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert main(["train", *args, "model.attention=softmax", "--out", str(out), "--resume", "--quiet"]) == 2
+    assert "model.attention: checkpoint has 'hyla', now 'softmax'" in capsys.readouterr().err
+    ckpt = latest_checkpoint(out)
+    (ckpt / "model.safetensors").write_bytes(b"garbage")
+    assert main(["train", *args, "train.steps=6", "--out", str(out), "--resume", "--quiet"]) == 2
+    assert "is unreadable" in capsys.readouterr().err
+
+
+def test_checkpoint_files_load_without_pickle(tmp_path: Path) -> None:
+    assert main(["train", *tiny("sraven", steps=4), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    ckpt = latest_checkpoint(tmp_path / "r")
+    torch.load(ckpt / "optimizer.pt", weights_only=True)  # raises if anything but tensors/containers
+    state = load_checkpoint(ckpt)
+    assert state.step == 4 and state.config["model"]["attention"] == "hyla"
+
+
+@pytest.mark.parametrize(("override", "match"), [
+    ("model.atention=hyla", "unknown config key model.atention; valid keys at model: output_dim, input_dim"),
+    ("train.stepz=3", "unknown config key train.stepz; valid keys at train: steps, batch_size"),
+    ("train.steps=abc", "train.steps must be an integer"),
+    ("model.attention=flash", "attention='flash' is unknown"),
+    ("data.task=mnist", "data.task='mnist' is not valid"),
+])
+def test_config_errors_name_the_key(override: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        cfg = load_config("sraven", [override])
+        Trainer(cfg, Path("/nonexistent/never-created"), quiet=True)
+
+
+def test_every_config_file_loads_and_has_the_required_keys() -> None:
+    from hyla.train.config import CONFIG_DIR
+
+    files = sorted(CONFIG_DIR.glob("*.yaml"))
+    assert {"sraven", "fuzzy_logic", "sraven_depth8", "sraven_width4", "sraven_data40m", "sraven_single_head"} <= {
+        f.stem for f in files}
+    for f in files:
+        cfg = load_config(str(f))
+        assert isinstance(cfg, ExperimentConfig)
+        for key in ("seed", "model.attention", "train.steps", "train.batch_size", "train.lr", "train.eval_every",
+                    "data.holdout"):
+            node = cfg
+            for part in key.split("."):
+                node = getattr(node, part)
+    assert load_config("sraven_width2").model.width_multiplier == 2
+    assert load_config("sraven_depth16").model.num_layers == 16
+    assert parse_overrides(["train.lr=3e-4", "model.single_head=true"]) == {
+        "train": {"lr": 3e-4}, "model": {"single_head": True}}
+
+
+def test_lr_schedule_and_weight_decay_groups(tmp_path: Path) -> None:
+    cfg = load_config("sraven", ["train.steps=100", "train.warmup_steps=10", "train.lr=1e-3"])
+    assert lr_at(0, cfg) == 0.0 and lr_at(5, cfg) == pytest.approx(5e-4) and lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-4) and lr_at(55, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    trainer = Trainer(load_config(*_split(tiny("sraven"))), tmp_path / "r", quiet=True)
+    decay, no_decay = trainer.optimizer.param_groups
+    assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    trainer.close()
+
+
+def test_ddp_on_gloo_with_two_processes(tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "hyla", "train", *tiny("fuzzy_logic", steps=6), "--out", str(out), "--quiet"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert {r["split"] for r in rows if r["step"] == 6} >= {"train", "test", "ood", "unseen_terms", "train_batch"}
+    assert len([r for r in rows if r["split"] == "test"]) == 2  # written once (rank 0), at steps 4 and 6
+    state = load_checkpoint(latest_checkpoint(out))
+    assert state.extra["world_size"] == 2 and {"data_rank0", "data_rank1"} <= set(state.rng)
+    assert not torch.equal(state.rng["data_rank0"], state.rng["data_rank1"])  # each rank its own stream
+
+
+def _split(argv: list[str]) -> tuple[str, list[str]]:
+    return argv[0], argv[1:]
