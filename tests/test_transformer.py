@@ -108,3 +108,16 @@ def test_hook_points_are_named_and_latent_codes_per_layer() -> None:
 def test_bad_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Transformer(tiny(**kwargs))
+
+
+@pytest.mark.parametrize("preset", ["softmax", "linear", "hyla", "hyla_plus"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_last_positions_equals_slicing_the_full_output(preset: str, causal: bool) -> None:
+    torch.manual_seed(0)
+    m = Transformer(tiny(attention=preset, causal=causal, rope=True)).double()
+    x = torch.randn(3, 7, 3, dtype=torch.float64)
+    full = m(x)
+    for p in (1, 3, 7):
+        assert torch.allclose(m(x, last_positions=p), full[:, -p:], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="last_positions must be in 1..7"):
+        m(x, last_positions=8)

@@ -254,6 +254,7 @@ class Attention(nn.Module):
         key_padding_mask: Tensor | None = None,
         attn_bias: Tensor | None = None,
         cache: KVCache | None = None,
+        q_offset: int = 0,
         return_latent: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (queries) to ``context`` (keys/values; ``x`` itself when None).
@@ -263,11 +264,15 @@ class Attention(nn.Module):
             attn_bias: additive score bias broadcastable to ``BxHxQxK``.
             cache: a :class:`KVCache` for incremental decoding; the new keys/values are appended and
                 the queries are placed after the cached positions.
+            q_offset: position of the first query within the key sequence (for causality, relative
+                positions and RoPE), e.g. ``T - P`` when ``x`` holds the last P tokens of ``context``.
             return_latent: also return the latent code ``a_BxHxQxK`` (the normalized scores).
         """
         if cache is not None and context_BxKxC is not None:
             raise ValueError("cache is for self-attention decoding; pass context=None with a cache")
-        q_offset = cache.length if cache is not None else 0
+        if cache is not None and q_offset:
+            raise ValueError("q_offset is implied by the cache length; do not pass both")
+        q_offset = cache.length if cache is not None else q_offset
         q, k, v = self.project(x_BxQxD, context_BxKxC, q_offset)
         if cache is not None:
             k, v = cache.append(k, v)

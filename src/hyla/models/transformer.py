@@ -172,9 +172,23 @@ class Block(nn.Module):
         for name in ("resid_pre", "attn_out", "resid_mid", "ff_out"):
             setattr(self, f"hook_{name}", HookPoint())
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_positions: int | None = None,
+    ) -> Tensor:
+        """``last_positions=P``: compute only the last P positions' outputs (queries), over all keys."""
         x = self.hook_resid_pre(x)
-        z = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x), key_padding_mask=key_padding_mask, cache=cache)))
+        h = self.norm1(x)
+        if last_positions is None:
+            attn_out = self.attn(h, key_padding_mask=key_padding_mask, cache=cache)
+        else:
+            t = h.shape[1]
+            attn_out = self.attn(h[:, t - last_positions :], h, key_padding_mask=key_padding_mask, q_offset=t - last_positions)
+            x = x[:, t - last_positions :]
+        z = self.hook_resid_mid(x + self.hook_attn_out(attn_out))
         return z + self.hook_ff_out(self.ff(self.norm2(z)))
 
 
@@ -196,12 +210,25 @@ class Transformer(nn.Module):
         self.hook_resid_final = HookPoint()
 
     def forward(
-        self, inputs: Tensor, key_padding_mask: Tensor | None = None, caches: list[KVCache] | None = None
+        self,
+        inputs: Tensor,
+        key_padding_mask: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        last_positions: int | None = None,
     ) -> Tensor:
-        """``inputs``: ``B x T x input_dim`` floats or ``B x T`` token ids; returns ``B x T x output_dim``."""
+        """``inputs``: ``B x T x input_dim`` floats or ``B x T`` token ids; returns ``B x T x output_dim``.
+
+        ``last_positions=P`` returns only the last P positions (``B x P x output_dim``), equal to
+        ``forward(inputs)[:, -P:]`` but cheaper: the last block computes only those queries.
+        """
+        if last_positions is not None and not 1 <= last_positions <= inputs.shape[1]:
+            raise ValueError(f"last_positions must be in 1..{inputs.shape[1]} (sequence length), got {last_positions}")
+        if last_positions is not None and caches is not None:
+            raise ValueError("last_positions and caches cannot be combined")
         x = self.embed(inputs)
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask, None if caches is None else caches[i])
+            x = block(x, key_padding_mask, None if caches is None else caches[i], last_positions if i == last else None)
         return self.readout(self.hook_resid_final(self.norm(x)))
 
     @property

@@ -36,6 +36,9 @@ class Task(ABC):
     eval_splits: tuple[str, ...]
     #: the metric that summarizes a split (``"acc"`` or ``"r2"``); higher is better
     primary_metric: str
+    #: ``loss``/``metrics`` read only the last P positions of the outputs (None: all); the trainer
+    #: then asks the model for those positions only, which skips most of the last layer's work
+    num_output_positions: int | None = None
 
     @property
     def splits(self) -> tuple[str, ...]:

@@ -261,7 +261,7 @@ class Trainer:
                 if b % self.dist.world != self.dist.rank:
                     continue
                 with self._autocast():
-                    out = self.model(batch.inputs)
+                    out = self.model(batch.inputs, last_positions=self.task.num_output_positions)
                 for k, v in self.task.metrics(out.float(), batch).items():
                     sums[k] = sums.get(k, 0) + v.double().sum()
                 count += n
@@ -280,7 +280,7 @@ class Trainer:
             group["lr"] = lr_at(self.step, self.cfg)
         batch = self.task.sample(t.batch_size // self.dist.world, "train", self.data_gen)
         with self._autocast():
-            out = self.forward_model(batch.inputs)
+            out = self.forward_model(batch.inputs, last_positions=self.task.num_output_positions)
             loss = self.task.loss(out.float(), batch)
             if self.cfg.model.moe_experts:
                 loss = loss + t.moe_aux_weight * self.model.aux_loss
