@@ -38,7 +38,8 @@ def read_metrics(run: Path) -> list[dict]:
 ])
 def test_few_step_run_through_cli(tmp_path: Path, task: str, metric: str, splits: set[str]) -> None:
     out = tmp_path / "run"
-    assert main(["train", *tiny(task), "--out", str(out), "--quiet"]) == 0
+    extra = ["data.num_unseen_terms=2"] if task == "fuzzy_logic" else []
+    assert main(["train", *tiny(task), *extra, "--out", str(out), "--quiet"]) == 0
     cfg = load_config(str(out / "config.yaml"))
     assert cfg.model.attention == "hyla" and cfg.train.steps == 8
     rows = read_metrics(out)
@@ -190,7 +191,7 @@ def test_ddp_on_gloo_with_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "hyla", "train", *tiny("fuzzy_logic", steps=6), "--out", str(out), "--quiet"]
+           "-m", "hyla", "train", *tiny("fuzzy_logic", steps=6), "data.num_unseen_terms=2", "--out", str(out), "--quiet"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)

@@ -1,5 +1,8 @@
 """``hyla bench step``: time one full training step (forward, backward, AdamW) per attention variant.
 
+Random inputs of the task's shapes; like training, the model computes only the output positions
+that the task's loss reads (``last_positions``).
+
 Each variant runs in its own subprocess so that peak memory is per variant: on CUDA it is
 ``torch.cuda.max_memory_allocated``; on CPU the subprocess's peak resident set size (which includes
 the ~0.3 GB of the PyTorch runtime itself).
@@ -27,17 +30,17 @@ TASK_MODELS = {
 }
 
 
-def _task_shapes(task: str) -> tuple[int, int, int]:
-    """(seq_len, input_dim, output_dim) from the task generator."""
+def _task_shapes(task: str) -> tuple[int, int, int, int | None]:
+    """(seq_len, input_dim, output_dim, positions the loss reads) from the task generator."""
     from hyla.tasks import make_task
 
     t = make_task(task)
-    return t.seq_len, t.input_dim, t.output_dim
+    return t.seq_len, t.input_dim, t.output_dim, t.num_output_positions
 
 
 def time_variant(task: str, variant: str, batch_size: int, steps: int, warmup: int, device: str,
                  compile_model: bool = False) -> dict[str, float]:
-    seq_len, input_dim, output_dim = _task_shapes(task)
+    seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     torch.manual_seed(0)
     cfg = TransformerConfig(input_dim=input_dim, output_dim=output_dim, attention=variant,
                             relative_position_buckets=seq_len, relative_position_max_distance=seq_len,
@@ -46,11 +49,11 @@ def time_variant(task: str, variant: str, batch_size: int, steps: int, warmup: i
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     step_fn = torch.compile(model) if compile_model else model
     x = torch.randn(batch_size, seq_len, input_dim, device=device)
-    y = torch.randint(0, output_dim, (batch_size, seq_len), device=device)
+    y = torch.randint(0, output_dim, (batch_size, last_positions or seq_len), device=device)
 
-    def step() -> None:
+    def step() -> None:  # as in training: the model computes only the positions the loss reads
         opt.zero_grad(set_to_none=True)
-        out = step_fn(x)
+        out = step_fn(x, last_positions=last_positions)
         torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten()).backward()
         opt.step()
 

@@ -33,7 +33,7 @@ class DataConfig:
     num_variables: int = 4  # fuzzy_logic
     num_terms: int = 2  # fuzzy_logic
     num_examples: int = 32  # fuzzy_logic
-    num_unseen_terms: int = 2  # fuzzy_logic
+    num_unseen_terms: int = 0  # fuzzy_logic: terms never trained on (split unseen_terms if > 0)
 
 
 @dataclass

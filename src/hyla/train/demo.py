@@ -61,7 +61,7 @@ def train_variant(variant: str, out: Path, overrides: list[str], quiet: bool) ->
 
 def write_report(out: Path, variants: list[str], wall: dict[str, float]) -> str:
     runs = [load_run(out / v) for v in variants]
-    splits = ["train", "test", "ood", "unseen_terms"]
+    splits = [s for s in ("train", "test", "ood", "unseen_terms") if runs[0].final(s)]
     header = "| variant | " + " | ".join(f"{s} R^2 (%)" for s in splits) + " | train loss | wall (s) |"
     lines = [header, "|" + "---|" * (len(splits) + 3)]
     for v, run in zip(variants, runs):
