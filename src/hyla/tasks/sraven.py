@@ -113,6 +113,7 @@ class SRaven(Task):
         if device not in self._device_cache:
             self._device_cache[device] = {
                 "tasks": self.tasks.to(device),
+                "one_hot": torch.eye(self.num_values + 1, self.num_values, device=device),
                 "steps": torch.tensor([0, 1, 2, -1, -2, 0, 0, 0], dtype=torch.int16, device=device),
                 "feature_perms": None if self._feature_perms is None else self._feature_perms.to(device),
                 "row_perms": None if self._row_perms is None else self._row_perms.to(device),
@@ -183,9 +184,9 @@ class SRaven(Task):
     def encode(self, p: dict[str, Tensor]) -> Batch:
         grid = p["grid"]
         b, g, f, v = grid.shape[0], self.grid_size, self.num_features, self.num_values
-        values_BxT = grid.reshape(b, g * g * f)[:, : (g * g - 1) * f]
-        inputs = torch.zeros(b, g * g * f, v, device=grid.device)
-        inputs[:, : (g * g - 1) * f].scatter_(2, values_BxT[..., None], 1.0)  # one-hot; query tokens stay 0
+        values_BxT = grid.reshape(b, g * g * f).clone()
+        values_BxT[:, (g * g - 1) * f :] = v  # query tokens: the all-zero row of the table below
+        inputs = F.embedding(values_BxT, self._tables(grid.device)["one_hot"])  # one lookup: fastest one-hot
         info = {k: p[k] for k in ("grid", "rules", "perm", "task_id")}
         return Batch(inputs, grid[:, g - 1, g - 1], info)
 
