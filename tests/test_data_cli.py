@@ -25,8 +25,12 @@ def test_sraven_export_follows_the_documented_format(tmp_path: Path) -> None:
     # grid[n, r, c, i] == canonical[n, r, c, perm[n, c, i]]: rebuild canonical, check rule 'constant' rows
     canonical = np.zeros_like(d["grid"])
     for c in range(3):
-        np.put_along_axis(canonical[:, :, c], np.broadcast_to(d["perm"][:, None, c], (300, 3, 4)), d["grid"][:, :, c],
-                          axis=2)
+        np.put_along_axis(
+            canonical[:, :, c],
+            np.broadcast_to(d["perm"][:, None, c], (300, 3, 4)),
+            d["grid"][:, :, c],
+            axis=2,
+        )
     const = d["rules"] == 0
     rows = canonical.transpose(0, 3, 1, 2)[const]  # (num constant features, 3 rows, 3 cols)
     assert len(rows) and np.all(rows == rows[:, :, :1])
@@ -48,8 +52,23 @@ def test_fuzzy_export(tmp_path: Path) -> None:
 def test_export_errors(tmp_path: Path, capsys) -> None:
     assert main(["data", "sraven", "--split", "unseen_terms", "--num", "5", "--out", str(tmp_path / "x.npz")]) == 2
     assert "--split 'unseen_terms' is not valid; allowed values: train, test, ood" in capsys.readouterr().err
-    assert main(["data", "fuzzy-logic", "--split", "ood", "--num", "5", "--holdout", "0.999",
-                 "--out", str(tmp_path / "y.npz")]) == 2
+    assert (
+        main(
+            [
+                "data",
+                "fuzzy-logic",
+                "--split",
+                "ood",
+                "--num",
+                "5",
+                "--holdout",
+                "0.999",
+                "--out",
+                str(tmp_path / "y.npz"),
+            ]
+        )
+        == 2
+    )
     assert "holdout=0.999" in capsys.readouterr().err
     assert not (tmp_path / "x.npz").exists() and not (tmp_path / "y.npz").exists()
 

@@ -6,8 +6,15 @@ from pathlib import Path
 
 from hyla.cli import main
 
-TINY = ["model.emb_dim=16", "model.num_heads=2", "model.qk_dim=8", "model.v_dim=8", "model.mlp_dim=32",
-        "train.batch_size=16", "train.eval_batch_size=64"]
+TINY = [
+    "model.emb_dim=16",
+    "model.num_heads=2",
+    "model.qk_dim=8",
+    "model.v_dim=8",
+    "model.mlp_dim=32",
+    "train.batch_size=16",
+    "train.eval_batch_size=64",
+]
 
 
 def test_demo_trains_each_variant_and_writes_the_report(tmp_path: Path, capsys) -> None:

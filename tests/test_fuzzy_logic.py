@@ -13,8 +13,12 @@ from hyla.tasks.fuzzy_logic import FuzzyLogic
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 2**31 - 1), split=st.sampled_from(["train", "test", "ood", "unseen_terms"]),
-       variables=st.integers(3, 4), terms=st.integers(2, 3))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    split=st.sampled_from(["train", "test", "ood", "unseen_terms"]),
+    variables=st.integers(3, 4),
+    terms=st.integers(2, 3),
+)
 def test_targets_follow_the_zadeh_formula(seed: int, split: str, variables: int, terms: int) -> None:
     task = FuzzyLogic(num_variables=variables, num_terms=terms, num_examples=6, holdout=0.5, num_unseen_terms=1)
     batch = task.sample(8, split, torch.Generator().manual_seed(seed))
@@ -65,18 +69,22 @@ def test_r2_metric() -> None:
     mean_pred[:, -1, 0] = batch.targets.mean(1) + batch.targets.std(1, unbiased=False)
     r2 = task.metrics(mean_pred, batch)["r2"]
     want = 1 - (batch.targets.mean(1) + batch.targets.std(1, unbiased=False) - batch.targets[:, -1]) ** 2 / (
-        batch.targets.var(1, unbiased=False))
+        batch.targets.var(1, unbiased=False)
+    )
     assert torch.allclose(r2, want, atol=1e-5)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"num_terms": 17}, "num_terms=17 must be in 1..16"),
-    ({"holdout": 0.99}, "holdout=0.99"),
-    ({"holdout": 0.0}, "holdout must be in"),
-    ({"num_examples": 1}, "num_examples must be >= 2"),
-    ({"num_unseen_terms": 16}, "num_unseen_terms must be in"),
-    ({"num_terms": 1}, "needs num_terms >= 2"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_terms": 17}, "num_terms=17 must be in 1..16"),
+        ({"holdout": 0.99}, "holdout=0.99"),
+        ({"holdout": 0.0}, "holdout must be in"),
+        ({"num_examples": 1}, "num_examples must be >= 2"),
+        ({"num_unseen_terms": 16}, "num_unseen_terms must be in"),
+        ({"num_terms": 1}, "needs num_terms >= 2"),
+    ],
+)
 def test_impossible_configurations(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FuzzyLogic(**kwargs)

@@ -16,7 +16,7 @@ def row_follows(rule: str, row: list[int], v: int) -> bool:
     if rule == "constant":
         return len(set(row)) == 1
     if rule.startswith("progression"):
-        d = int(rule[len("progression"):])
+        d = int(rule[len("progression") :])
         return all((row[c] - row[0]) % v == (d * c) % v for c in range(g))
     if rule == "addition":
         return row[-1] == sum(row[:-1]) % v
@@ -44,8 +44,12 @@ def check_problem(task: SRaven, grid, rules, perm) -> None:
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 2**31 - 1), split=st.sampled_from(["train", "test", "ood"]),
-       features=st.integers(1, 5), values=st.integers(3, 9))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    split=st.sampled_from(["train", "test", "ood"]),
+    features=st.integers(1, 5),
+    values=st.integers(3, 9),
+)
 def test_every_problem_satisfies_its_rules(seed: int, split: str, features: int, values: int) -> None:
     task = SRaven(num_features=features, num_values=values, holdout=0.25 if features > 1 else 0.2)
     p = task.sample_problems(64, split, torch.Generator().manual_seed(seed))
@@ -113,13 +117,16 @@ def test_loss_and_metrics() -> None:
     assert m["acc"][0] == 0 and m["feature_acc"][0] == 0.75 and torch.all(m["acc"][1:] == 1)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"num_values": 2}, "num_values=2 is too small for distribute_three"),
-    ({"holdout": 1.0}, "holdout must be in"),
-    ({"holdout": 0.001}, "holdout=0.001 holds out no task"),
-    ({"rules": ["constant", "fibonacci"]}, "rules=.* must be distinct names from"),
-    ({"num_features": 0}, "num_features must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_values": 2}, "num_values=2 is too small for distribute_three"),
+        ({"holdout": 1.0}, "holdout must be in"),
+        ({"holdout": 0.001}, "holdout=0.001 holds out no task"),
+        ({"rules": ["constant", "fibonacci"]}, "rules=.* must be distinct names from"),
+        ({"num_features": 0}, "num_features must be >= 1"),
+    ],
+)
 def test_impossible_configurations(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         SRaven(**kwargs)

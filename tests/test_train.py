@@ -13,18 +13,32 @@ import pytest
 import torch
 
 from hyla.cli import main
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer, lr_at
 
-TINY_MODEL = ["model.num_layers=1", "model.emb_dim=16", "model.num_heads=2", "model.qk_dim=8", "model.v_dim=8",
-              "model.mlp_dim=32"]
+TINY_MODEL = [
+    "model.num_layers=1",
+    "model.emb_dim=16",
+    "model.num_heads=2",
+    "model.qk_dim=8",
+    "model.v_dim=8",
+    "model.mlp_dim=32",
+]
 
 
 def tiny(task: str, steps: int = 8, **extra: object) -> list[str]:
-    overrides = [*TINY_MODEL, f"train.steps={steps}", "train.eval_every=4", "train.eval_size=64",
-                 "train.eval_batch_size=32", "train.log_every=2", "train.checkpoint_every=4", "train.batch_size=16",
-                 "train.warmup_steps=2"]
+    overrides = [
+        *TINY_MODEL,
+        f"train.steps={steps}",
+        "train.eval_every=4",
+        "train.eval_size=64",
+        "train.eval_batch_size=32",
+        "train.log_every=2",
+        "train.checkpoint_every=4",
+        "train.batch_size=16",
+        "train.warmup_steps=2",
+    ]
     return [task, *overrides, *(f"{k}={v}" for k, v in extra.items())]
 
 
@@ -32,10 +46,13 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("task", "metric", "splits"), [
-    ("sraven", "acc", {"train", "test", "ood"}),
-    ("fuzzy_logic", "r2", {"train", "test", "ood", "unseen_terms"}),
-])
+@pytest.mark.parametrize(
+    ("task", "metric", "splits"),
+    [
+        ("sraven", "acc", {"train", "test", "ood"}),
+        ("fuzzy_logic", "r2", {"train", "test", "ood", "unseen_terms"}),
+    ],
+)
 def test_few_step_run_through_cli(tmp_path: Path, task: str, metric: str, splits: set[str]) -> None:
     out = tmp_path / "run"
     extra = ["data.num_unseen_terms=2"] if task == "fuzzy_logic" else []
@@ -53,7 +70,12 @@ def test_few_step_run_through_cli(tmp_path: Path, task: str, metric: str, splits
     assert list((out / "tb").glob("events.out.tfevents.*"))
     ckpt = latest_checkpoint(out)
     assert ckpt is not None and ckpt.name == "step-000000008"
-    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.pt", "rng.safetensors", "state.json"}
+    assert {p.name for p in ckpt.iterdir()} == {
+        "model.safetensors",
+        "optimizer.pt",
+        "rng.safetensors",
+        "state.json",
+    }
 
 
 def test_interrupted_then_resumed_run_is_bitwise_identical(tmp_path: Path) -> None:
@@ -143,13 +165,19 @@ def test_checkpoint_files_load_without_pickle(tmp_path: Path) -> None:
     assert state.step == 4 and state.config["model"]["attention"] == "hyla"
 
 
-@pytest.mark.parametrize(("override", "match"), [
-    ("model.atention=hyla", "unknown config key model.atention; valid keys at model: output_dim, input_dim"),
-    ("train.stepz=3", "unknown config key train.stepz; valid keys at train: steps, batch_size"),
-    ("train.steps=abc", "train.steps must be an integer"),
-    ("model.attention=flash", "attention='flash' is unknown"),
-    ("data.task=mnist", "data.task='mnist' is not valid"),
-])
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        (
+            "model.atention=hyla",
+            "unknown config key model.atention; valid keys at model: output_dim, input_dim",
+        ),
+        ("train.stepz=3", "unknown config key train.stepz; valid keys at train: steps, batch_size"),
+        ("train.steps=abc", "train.steps must be an integer"),
+        ("model.attention=flash", "attention='flash' is unknown"),
+        ("data.task=mnist", "data.task='mnist' is not valid"),
+    ],
+)
 def test_config_errors_name_the_key(override: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         cfg = load_config("sraven", [override])
@@ -160,20 +188,35 @@ def test_every_config_file_loads_and_has_the_required_keys() -> None:
     from hyla.train.config import CONFIG_DIR
 
     files = sorted(CONFIG_DIR.glob("*.yaml"))
-    assert {"sraven", "fuzzy_logic", "sraven_depth8", "sraven_width4", "sraven_data40m", "sraven_single_head"} <= {
-        f.stem for f in files}
+    assert {
+        "sraven",
+        "fuzzy_logic",
+        "sraven_depth8",
+        "sraven_width4",
+        "sraven_data40m",
+        "sraven_single_head",
+    } <= {f.stem for f in files}
     for f in files:
         cfg = load_config(str(f))
         assert isinstance(cfg, ExperimentConfig)
-        for key in ("seed", "model.attention", "train.steps", "train.batch_size", "train.lr", "train.eval_every",
-                    "data.holdout"):
+        for key in (
+            "seed",
+            "model.attention",
+            "train.steps",
+            "train.batch_size",
+            "train.lr",
+            "train.eval_every",
+            "data.holdout",
+        ):
             node = cfg
             for part in key.split("."):
                 node = getattr(node, part)
     assert load_config("sraven_width2").model.width_multiplier == 2
     assert load_config("sraven_depth16").model.num_layers == 16
     assert parse_overrides(["train.lr=3e-4", "model.single_head=true"]) == {
-        "train": {"lr": 3e-4}, "model": {"single_head": True}}
+        "train": {"lr": 3e-4},
+        "model": {"single_head": True},
+    }
 
 
 def test_lr_schedule_and_weight_decay_groups(tmp_path: Path) -> None:
@@ -190,12 +233,33 @@ def test_lr_schedule_and_weight_decay_groups(tmp_path: Path) -> None:
 def test_ddp_on_gloo_with_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "hyla", "train", *tiny("fuzzy_logic", steps=6), "data.num_unseen_terms=2", "--out", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        "-m",
+        "hyla",
+        "train",
+        *tiny("fuzzy_logic", steps=6),
+        "data.num_unseen_terms=2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
-    assert {r["split"] for r in rows if r["step"] == 6} >= {"train", "test", "ood", "unseen_terms", "train_batch"}
+    assert {r["split"] for r in rows if r["step"] == 6} >= {
+        "train",
+        "test",
+        "ood",
+        "unseen_terms",
+        "train_batch",
+    }
     assert len([r for r in rows if r["split"] == "test"]) == 2  # written once (rank 0), at steps 4 and 6
     state = load_checkpoint(latest_checkpoint(out))
     assert state.extra["world_size"] == 2 and {"data_rank0", "data_rank1"} <= set(state.rng)

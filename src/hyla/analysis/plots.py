@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from hyla.analysis.runs import Run  # noqa: E402
+from hyla.analysis.runs import Run
 
 
 def learning_curves(runs: list[Run], metric: str, splits: list[str], out: Path, title: str = "") -> Path:

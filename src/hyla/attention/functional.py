@@ -95,9 +95,7 @@ def value_network(
         mixed_BxQxKxHxD = torch.einsum("bqkd,hed->bqkhe", hidden_BxQxKxD, w_mid_HxDxD)
         hidden_BxQxKxD = act(torch.einsum("bhqk,bqkhe->bqke", a_BxHxQxK, mixed_BxQxKxHxD))
     elif value_network != "hyper":
-        raise ValueError(
-            f"value_network={value_network!r} is not valid; allowed values: linear, hyper, hyper_deep"
-        )
+        raise ValueError(f"value_network={value_network!r} is not valid; allowed values: linear, hyper, hyper_deep")
     return torch.einsum("bhqk,bqkd->bhqd", a_BxHxQxK, hidden_BxQxKxD), hidden_BxQxKxD
 
 

@@ -211,7 +211,12 @@ class Attention(nn.Module):
                 raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
 
     def build_mask(
-        self, batch: int, num_queries: int, num_keys: int, q_offset: int, key_padding_mask_BxK: Tensor | None,
+        self,
+        batch: int,
+        num_queries: int,
+        num_keys: int,
+        q_offset: int,
+        key_padding_mask_BxK: Tensor | None,
         device: torch.device,
     ) -> Tensor | None:
         """Boolean ``Bx1xQxK`` mask (True = may attend) from causality and key padding, or None."""
@@ -220,7 +225,10 @@ class Attention(nn.Module):
             q_pos = torch.arange(q_offset, q_offset + num_queries, device=device)
             mask = (torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None])[None, None]
         if key_padding_mask_BxK is not None:
-            if key_padding_mask_BxK.dtype != torch.bool or tuple(key_padding_mask_BxK.shape) != (batch, num_keys):
+            if key_padding_mask_BxK.dtype != torch.bool or tuple(key_padding_mask_BxK.shape) != (
+                batch,
+                num_keys,
+            ):
                 raise ValueError(
                     f"key_padding_mask must be a bool tensor of shape (batch={batch}, keys={num_keys}) with True "
                     f"at padded keys, got dtype {key_padding_mask_BxK.dtype} shape {tuple(key_padding_mask_BxK.shape)}"

@@ -26,9 +26,9 @@ def relative_position_bucket(
     is_small = n < max_exact
     # log-spaced buckets for the far distances (T5); clamp(min=1) only guards log(0) on the small branch
     ratio = max(max_distance / max_exact, 1.0 + 1e-6)
-    large = max_exact + (
-        torch.log(n.clamp(min=1).float() / max_exact) / math.log(ratio) * (num_buckets - max_exact)
-    ).long()
+    large = (
+        max_exact + (torch.log(n.clamp(min=1).float() / max_exact) / math.log(ratio) * (num_buckets - max_exact)).long()
+    )
     large = large.clamp(max=num_buckets - 1)
     return bucket + torch.where(is_small, n, large)
 

@@ -42,10 +42,18 @@ def ambiguous_fraction(num: int, seed: int, criterion: str) -> float:
 def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else (
-        f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
+    device_name = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else (f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
+    )
     sizes = [int(s) for s in args.batch_sizes.split(",")]
-    result: dict = {"device": device_name, "task": args.task, "torch": torch.__version__, "problems_per_s": {}}
+    result: dict = {
+        "device": device_name,
+        "task": args.task,
+        "torch": torch.__version__,
+        "problems_per_s": {},
+    }
     print(f"{args.task} on {device_name}")
     for bs in sizes:
         rate = throughput(args.task, bs, args.repeats, args.device)
@@ -73,7 +81,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", default="128,4096,65536")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--ambiguity", type=int, default=0, metavar="N",
-                   help="also report the ambiguous fraction of N SRAVEN problems (both criteria)")
+    p.add_argument(
+        "--ambiguity",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also report the ambiguous fraction of N SRAVEN problems (both criteria)",
+    )
     p.add_argument("--json")
     p.set_defaults(func=run)

@@ -38,13 +38,25 @@ def _task_shapes(task: str) -> tuple[int, int, int, int | None]:
     return t.seq_len, t.input_dim, t.output_dim, t.num_output_positions
 
 
-def time_variant(task: str, variant: str, batch_size: int, steps: int, warmup: int, device: str,
-                 compile_model: bool = False) -> dict[str, float]:
+def time_variant(
+    task: str,
+    variant: str,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    device: str,
+    compile_model: bool = False,
+) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     torch.manual_seed(0)
-    cfg = TransformerConfig(input_dim=input_dim, output_dim=output_dim, attention=variant,
-                            relative_position_buckets=seq_len, relative_position_max_distance=seq_len,
-                            **TASK_MODELS[task])
+    cfg = TransformerConfig(
+        input_dim=input_dim,
+        output_dim=output_dim,
+        attention=variant,
+        relative_position_buckets=seq_len,
+        relative_position_max_distance=seq_len,
+        **TASK_MODELS[task],
+    )
     model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     step_fn = torch.compile(model) if compile_model else model
@@ -98,24 +110,43 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
     results: dict[str, dict[str, float]] = {}
     for v in variants:
-        cmd = [sys.executable, "-c", "import json,sys; from hyla.bench.step import time_variant; "
-               f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
-               f"{args.warmup}, {args.device!r}, {args.compile})))"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import json,sys; from hyla.bench.step import time_variant; "
+            f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
+            f"{args.warmup}, {args.device!r}, {args.compile})))",
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else (
-        f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    device_name = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else (f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    )
     base = results.get("softmax", {}).get("ms_per_step")
     print(f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__}")
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
         ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
-        print(f"{v:34s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_mem_mb']:9.0f} "
-              f"{int(r['params']):9d} {ratio:>10s}")
+        print(
+            f"{v:34s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_mem_mb']:9.0f} "
+            f"{int(r['params']):9d} {ratio:>10s}"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"variants": results, "device": device_name, "task": args.task, "batch_size": args.batch_size,
-                       "torch": torch.__version__, "steps": args.steps}, f, indent=2)
+            json.dump(
+                {
+                    "variants": results,
+                    "device": device_name,
+                    "task": args.task,
+                    "batch_size": args.batch_size,
+                    "torch": torch.__version__,
+                    "steps": args.steps,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -60,7 +60,9 @@ class TransformerConfig:
         if self.attention not in PRESETS:
             raise ValueError(f"attention={self.attention!r} is unknown; allowed values: {', '.join(PRESETS)}")
         if self.feedforward not in FEEDFORWARDS:
-            raise ValueError(f"feedforward={self.feedforward!r} is not valid; allowed values: {', '.join(FEEDFORWARDS)}")
+            raise ValueError(
+                f"feedforward={self.feedforward!r} is not valid; allowed values: {', '.join(FEEDFORWARDS)}"
+            )
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r} is not valid; allowed values: {', '.join(NORMS)}")
         if self.moe_experts < 0 or (self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts):
@@ -72,7 +74,9 @@ class TransformerConfig:
         if self.tie_embeddings and self.vocab_size is None:
             raise ValueError("tie_embeddings needs token inputs (vocab_size)")
         if self.tie_embeddings and self.vocab_size != self.output_dim:
-            raise ValueError(f"tie_embeddings needs output_dim == vocab_size, got {self.output_dim} != {self.vocab_size}")
+            raise ValueError(
+                f"tie_embeddings needs output_dim == vocab_size, got {self.output_dim} != {self.vocab_size}"
+            )
 
     def resolved(self) -> TransformerConfig:
         """The concrete widths: width multiplier applied (heads, emb, qk, v, mlp), single head."""
@@ -186,7 +190,9 @@ class Block(nn.Module):
             attn_out = self.attn(h, key_padding_mask=key_padding_mask, cache=cache)
         else:
             t = h.shape[1]
-            attn_out = self.attn(h[:, t - last_positions :], h, key_padding_mask=key_padding_mask, q_offset=t - last_positions)
+            attn_out = self.attn(
+                h[:, t - last_positions :], h, key_padding_mask=key_padding_mask, q_offset=t - last_positions
+            )
             x = x[:, t - last_positions :]
         z = self.hook_resid_mid(x + self.hook_attn_out(attn_out))
         return z + self.hook_ff_out(self.ff(self.norm2(z)))
@@ -228,7 +234,12 @@ class Transformer(nn.Module):
         x = self.embed(inputs)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask, None if caches is None else caches[i], last_positions if i == last else None)
+            x = block(
+                x,
+                key_padding_mask,
+                None if caches is None else caches[i],
+                last_positions if i == last else None,
+            )
         return self.readout(self.hook_resid_final(self.norm(x)))
 
     @property
@@ -240,7 +251,9 @@ class Transformer(nn.Module):
     def latent_codes(self, inputs: Tensor) -> list[Tensor]:
         """The latent code ``a_BxHxTxT`` of every layer (no gradient)."""
         codes: list[Tensor] = []
-        handles = [b.attn.hook_latent.register_forward_hook(lambda m, i, o: codes.append(o.detach())) for b in self.blocks]
+        handles = [
+            b.attn.hook_latent.register_forward_hook(lambda m, i, o: codes.append(o.detach())) for b in self.blocks
+        ]
         try:
             with torch.no_grad():
                 self.forward(inputs)

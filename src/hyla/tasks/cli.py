@@ -64,15 +64,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.task == "sraven":
-            task = SRaven(num_features=args.num_features, num_values=args.num_values, holdout=args.holdout,
-                          split_seed=args.split_seed, unambiguous_only=args.unambiguous_only)
+            task = SRaven(
+                num_features=args.num_features,
+                num_values=args.num_values,
+                holdout=args.holdout,
+                split_seed=args.split_seed,
+                unambiguous_only=args.unambiguous_only,
+            )
             if args.split not in task.splits:
                 raise ValueError(f"--split {args.split!r} is not valid; allowed values: {', '.join(task.splits)}")
             arrays = export_sraven(task, args.split, args.num, args.seed)
         else:
-            task = FuzzyLogic(num_variables=args.num_variables, num_terms=args.num_terms,
-                              num_examples=args.num_examples, holdout=args.holdout, split_seed=args.split_seed,
-                              num_unseen_terms=args.num_unseen_terms)
+            task = FuzzyLogic(
+                num_variables=args.num_variables,
+                num_terms=args.num_terms,
+                num_examples=args.num_examples,
+                holdout=args.holdout,
+                split_seed=args.split_seed,
+                num_unseen_terms=args.num_unseen_terms,
+            )
             if args.split not in task.splits:
                 raise ValueError(f"--split {args.split!r} is not valid; allowed values: {', '.join(task.splits)}")
             arrays = export_fuzzy_logic(task, args.split, args.num, args.seed)

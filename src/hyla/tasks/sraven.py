@@ -147,10 +147,18 @@ class SRaven(Task):
         arith = torch.cat([lead, last], dim=2)
         grid = torch.where(((rules_BxF == 5) | (rules_BxF == 6))[:, None, None], arith, grid)
         if g <= v:  # distribute_three: G distinct values per feature, a permutation of them per row
-            symbols_BxGxF = _random_rows(tables["symbols"], (b, f), generator, lambda: torch.rand(
-                b, f, v, generator=generator, device=dev).argsort(-1)[..., :g]).permute(0, 2, 1)
-            row_perm_BxGxGxF = _random_rows(tables["row_perms"], (b, g, f), generator, lambda: torch.rand(
-                b, g, f, g, generator=generator, device=dev).argsort(-1)).permute(0, 1, 3, 2)
+            symbols_BxGxF = _random_rows(
+                tables["symbols"],
+                (b, f),
+                generator,
+                lambda: torch.rand(b, f, v, generator=generator, device=dev).argsort(-1)[..., :g],
+            ).permute(0, 2, 1)
+            row_perm_BxGxGxF = _random_rows(
+                tables["row_perms"],
+                (b, g, f),
+                generator,
+                lambda: torch.rand(b, g, f, g, generator=generator, device=dev).argsort(-1),
+            ).permute(0, 1, 3, 2)
             dist = torch.gather(symbols_BxGxF[:, None].expand(-1, g, -1, -1), 2, row_perm_BxGxGxF).to(torch.int16)
             grid = torch.where((rules_BxF == 7)[:, None, None], dist, grid)
         return grid.long()
@@ -166,8 +174,12 @@ class SRaven(Task):
         canonical = self.canonical_grids(rules, generator)
         g, f = self.grid_size, self.num_features
         if self.permute_features:
-            perm = _random_rows(tables["feature_perms"], (batch_size, g), generator, lambda: torch.rand(
-                batch_size, g, f, generator=generator, device=dev).argsort(-1))
+            perm = _random_rows(
+                tables["feature_perms"],
+                (batch_size, g),
+                generator,
+                lambda: torch.rand(batch_size, g, f, generator=generator, device=dev).argsort(-1),
+            )
         else:
             perm = torch.arange(f, device=dev).expand(batch_size, g, f)
         grid = torch.gather(canonical, 3, perm[:, None].expand(-1, g, -1, -1))

@@ -34,7 +34,7 @@ _MAX_READINGS = 200_000
 
 def _answer_masks(task: SRaven, grid_BxGxGxF: Tensor) -> Tensor:
     """Bitmask ``B x F^G`` of answers predicted by some fitting rule, per slot triple."""
-    b, g, _, f = grid_BxGxGxF.shape
+    _, g, _, f = grid_BxGxGxF.shape
     v = task.num_values
     triples = torch.tensor(list(itertools.product(range(f), repeat=g)), device=grid_BxGxGxF.device)  # (P, G)
     cols = torch.arange(g, device=grid_BxGxGxF.device)
@@ -62,10 +62,10 @@ def _answer_masks(task: SRaven, grid_BxGxGxF: Tensor) -> Tensor:
         add(ok, (2 * last[..., 0] - last.sum(-1)) % v)
     if 7 in rule_ids:
         bits_full = (torch.ones_like(full) << full).sum(-1)  # distinct values sum to a G-bit mask
-        distinct_full = ((torch.ones_like(full) << full).unsqueeze(-1) & (torch.ones_like(full) << full).unsqueeze(-2))
+        distinct_full = (torch.ones_like(full) << full).unsqueeze(-1) & (torch.ones_like(full) << full).unsqueeze(-2)
         distinct_full = (distinct_full != 0).sum((-1, -2)) == g  # only the diagonal matches
         same_set = (bits_full == bits_full[..., :1]).all(-1) & distinct_full.all(-1)
-        bits_last = (torch.ones_like(last) << last)
+        bits_last = torch.ones_like(last) << last
         last_distinct = (bits_last.unsqueeze(-1) & bits_last.unsqueeze(-2) != 0).sum((-1, -2)) == g - 1
         last_bits = bits_last.sum(-1)
         inside = (last_bits & bits_full[..., 0]) == last_bits
@@ -86,8 +86,10 @@ def is_ambiguous(task: SRaven, grid_BxGxGxF: Tensor, chunk: int = 4096, criterio
         raise ValueError(f"criterion={criterion!r} is not valid; allowed values: {', '.join(CRITERIA)}")
     g, f = task.grid_size, task.num_features
     if math.factorial(f) ** (g - 1) > _MAX_READINGS:
-        raise ValueError(f"the ambiguity check enumerates (num_features!)^(grid_size-1) readings; too many for "
-                         f"num_features={f}, grid_size={g}")
+        raise ValueError(
+            f"the ambiguity check enumerates (num_features!)^(grid_size-1) readings; too many for "
+            f"num_features={f}, grid_size={g}"
+        )
     perms = torch.tensor(list(itertools.permutations(range(f))), device=grid_BxGxGxF.device)
     bindings = torch.tensor(list(itertools.product(range(len(perms)), repeat=g - 1)), device=grid_BxGxGxF.device)
     # slot of feature j in column c, per reading: (R, G, F), column 0 identity

@@ -104,7 +104,7 @@ def load_checkpoint(path: Path) -> TrainingState:
         model = load_file(str(path / "model.safetensors"))
         rng = load_file(str(path / "rng.safetensors"))
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    except (OSError, ValueError, RuntimeError, KeyError, EOFError, Exception) as err:  # noqa: BLE001
+    except (OSError, ValueError, RuntimeError, KeyError, EOFError, Exception) as err:
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); "
             "restore it, or start a fresh run in another --out directory"

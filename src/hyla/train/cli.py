@@ -15,8 +15,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-        trainer = Trainer(cfg, Path(args.out), device=args.device, resume=args.resume,
-                          stop_at_step=args.stop_at_step, quiet=args.quiet)
+        trainer = Trainer(
+            cfg,
+            Path(args.out),
+            device=args.device,
+            resume=args.resume,
+            stop_at_step=args.stop_at_step,
+            quiet=args.quiet,
+        )
     except (ValueError, CheckpointError) as err:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 2
@@ -26,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 3
     except Interrupted as err:
-        print(f"hyla train: {err} received at step {trainer.step}; checkpoint saved, resume with --resume",
-              file=sys.stderr)
+        print(
+            f"hyla train: {err} received at step {trainer.step}; checkpoint saved, resume with --resume",
+            file=sys.stderr,
+        )
         return 128 + err.signum
     finally:
         trainer.close()
@@ -43,8 +51,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory (config.yaml, metrics.jsonl, tb/, checkpoints/)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
-    p.add_argument("--stop-at-step", type=int, default=None, metavar="N",
-                   help="save a checkpoint at step N and exit 0 (what a preempted job does)")
+    p.add_argument(
+        "--stop-at-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="save a checkpoint at step N and exit 0 (what a preempted job does)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar: one line per log interval")
 
 

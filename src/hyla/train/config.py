@@ -7,6 +7,7 @@ Unknown keys fail with the list of valid keys at that level.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 import typing
@@ -73,10 +74,18 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         t = self.train
-        for name in ("steps", "batch_size", "eval_every", "eval_size", "eval_batch_size", "log_every", "checkpoint_every"):
+        for name in (
+            "steps",
+            "batch_size",
+            "eval_every",
+            "eval_size",
+            "eval_batch_size",
+            "log_every",
+            "checkpoint_every",
+        ):
             if getattr(t, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-        if not 0 <= t.warmup_steps:
+        if not t.warmup_steps >= 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
         if not t.lr > 0:
             raise ValueError(f"train.lr must be > 0, got {t.lr}")
@@ -84,7 +93,8 @@ class ExperimentConfig:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
         if self.data.task not in ("sraven", "fuzzy_logic"):
             raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic")
-        self.model.validate() if self.model.input_dim is not None or self.model.vocab_size is not None else None
+        if self.model.input_dim is not None or self.model.vocab_size is not None:  # set once the task is known
+            self.model.validate()
 
 
 # ---------------------------------------------------------------------------------------- parsing
@@ -154,10 +164,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         key, raw = item.split("=", 1)
         value = yaml.safe_load(raw) if raw != "" else ""
         if isinstance(value, str):  # YAML reads 3e-4 as a string; accept plain numbers too
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value) if any(c in value for c in ".eE") else int(value)
-            except ValueError:
-                pass
         _set_dotted(tree, key.strip(), value)
     return tree
 

@@ -55,12 +55,22 @@ def build_task(cfg: ExperimentConfig) -> Task:
     d = cfg.data
     if d.task == "sraven":
         return make_task(
-            "sraven", num_features=d.num_features, num_values=d.num_values, grid_size=d.grid_size,
-            holdout=d.holdout, split_seed=d.split_seed, unambiguous_only=d.unambiguous_only,
+            "sraven",
+            num_features=d.num_features,
+            num_values=d.num_values,
+            grid_size=d.grid_size,
+            holdout=d.holdout,
+            split_seed=d.split_seed,
+            unambiguous_only=d.unambiguous_only,
         )
     return make_task(
-        "fuzzy_logic", num_variables=d.num_variables, num_terms=d.num_terms, num_examples=d.num_examples,
-        holdout=d.holdout, split_seed=d.split_seed, num_unseen_terms=d.num_unseen_terms,
+        "fuzzy_logic",
+        num_variables=d.num_variables,
+        num_terms=d.num_terms,
+        num_examples=d.num_examples,
+        holdout=d.holdout,
+        split_seed=d.split_seed,
+        num_unseen_terms=d.num_unseen_terms,
     )
 
 
@@ -76,7 +86,10 @@ def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
 def build_optimizer(model: nn.Module, cfg: ExperimentConfig, device: torch.device) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda")
 
 
@@ -131,7 +144,9 @@ class Trainer:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
         self.dist = init_distributed(device)
-        self.device = torch.device(f"cuda:{self.dist.local_rank}" if device == "cuda" and self.dist.world > 1 else device)
+        self.device = torch.device(
+            f"cuda:{self.dist.local_rank}" if device == "cuda" and self.dist.world > 1 else device
+        )
         if cfg.train.batch_size % self.dist.world:
             raise ValueError(
                 f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
@@ -172,7 +187,9 @@ class Trainer:
                 )
             self._restore(load_checkpoint(ckpt))
         elif ckpt is not None or (self.run_dir / "metrics.jsonl").exists():
-            raise CheckpointError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out")
+            raise CheckpointError(
+                f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
+            )
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
@@ -222,8 +239,14 @@ class Trainer:
         if self.dist.is_main:
             save_checkpoint(
                 self.run_dir,
-                TrainingState(self.step, self.cfg.to_dict(), self.model.state_dict(), self.optimizer.state_dict(), rng,
-                              {"world_size": self.dist.world}),
+                TrainingState(
+                    self.step,
+                    self.cfg.to_dict(),
+                    self.model.state_dict(),
+                    self.optimizer.state_dict(),
+                    rng,
+                    {"world_size": self.dist.world},
+                ),
             )
         if self.dist.world > 1:
             dist.barrier()
@@ -266,7 +289,9 @@ class Trainer:
                     sums[k] = sums.get(k, 0) + v.double().sum()
                 count += n
             keys = sorted(sums)
-            vec = torch.stack([sums[k] for k in keys] + [torch.tensor(float(count), dtype=torch.float64, device=self.device)])
+            vec = torch.stack(
+                [sums[k] for k in keys] + [torch.tensor(float(count), dtype=torch.float64, device=self.device)]
+            )
             if self.dist.world > 1:
                 dist.all_reduce(vec)
             results[split] = {k: (vec[j] / vec[-1]).item() for j, k in enumerate(keys)}
@@ -292,7 +317,9 @@ class Trainer:
         with torch.no_grad():
             m = self.task.metrics(out.detach().float(), batch)
             for k in ("loss", self.task.primary_metric):
-                self._acc[k] = self._acc.get(k, torch.zeros((), dtype=torch.float64, device=self.device)) + m[k].double().mean()
+                self._acc[k] = (
+                    self._acc.get(k, torch.zeros((), dtype=torch.float64, device=self.device)) + m[k].double().mean()
+                )
             self._acc["_n"] = self._acc.get("_n", torch.zeros((), dtype=torch.float64, device=self.device)) + 1
         self.step += 1
 
@@ -328,7 +355,9 @@ class Trainer:
 
             bar = tqdm(total=t.steps, initial=self.step, dynamic_ncols=True, desc=self.cfg.name)
         if self.step == 0 and self.dist.is_main:
-            self._say(f"{self.cfg.name}: {num_parameters(self.model):,} parameters, {t.steps} steps, device {self.device}")
+            self._say(
+                f"{self.cfg.name}: {num_parameters(self.model):,} parameters, {t.steps} steps, device {self.device}"
+            )
         last_results: dict[str, dict[str, float]] = {}
         t_last, step_last = time.perf_counter(), self.step
         try:
@@ -355,8 +384,13 @@ class Trainer:
                     for split, values in last_results.items():
                         self._log(s, split, values)
                     if self.quiet and self.dist.is_main:
-                        self._say(f"eval step {s}: " + ", ".join(
-                            f"{sp} {self.task.primary_metric}={v[self.task.primary_metric]:.4f}" for sp, v in last_results.items()))
+                        self._say(
+                            f"eval step {s}: "
+                            + ", ".join(
+                                f"{sp} {self.task.primary_metric}={v[self.task.primary_metric]:.4f}"
+                                for sp, v in last_results.items()
+                            )
+                        )
                 if s % t.checkpoint_every == 0 or s == t.steps:
                     self._check_finite()
                     self.save()
