@@ -268,3 +268,20 @@ def test_ddp_on_gloo_with_two_processes(tmp_path: Path) -> None:
 
 def _split(argv: list[str]) -> tuple[str, list[str]]:
     return argv[0], argv[1:]
+
+
+def test_bf16_autocast_run(tmp_path: Path) -> None:
+    out = tmp_path / "bf16"
+    assert main(["train", *tiny("sraven", steps=4), "train.bf16=true", "--out", str(out), "--quiet"]) == 0
+    rows = [r for r in read_metrics(out) if r["split"] == "ood"]
+    assert rows and all(0 <= r["acc"] <= 1 and r["loss"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_compiled_run_matches_eager_losses(tmp_path: Path) -> None:
+    args = tiny("fuzzy_logic", steps=4, **{"train.log_every": 1})
+    assert main(["train", *args, "--out", str(tmp_path / "eager"), "--quiet"]) == 0
+    assert main(["train", *args, "train.compile=true", "--out", str(tmp_path / "compiled"), "--quiet"]) == 0
+    eager = [r["loss"] for r in read_metrics(tmp_path / "eager") if r["split"] == "train_batch"]
+    compiled = [r["loss"] for r in read_metrics(tmp_path / "compiled") if r["split"] == "train_batch"]
+    assert compiled == pytest.approx(eager, rel=1e-4)
