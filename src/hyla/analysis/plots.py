@@ -32,3 +32,77 @@ def learning_curves(runs: list[Run], metric: str, splits: list[str], out: Path, 
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _panel_grid(n: int, width: float = 3.6, height: float = 3.3):
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def embedding_panels(
+    features_by_panel: list, labels, label_names: list[str], out: Path, method: str = "pca", titles: list[str] = ()
+) -> tuple[Path, int]:
+    """2-D embedding (PCA or t-SNE) of each feature matrix, points coloured by label; one panel each."""
+    import numpy as np
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    if method not in ("pca", "tsne"):
+        raise ValueError(f"method={method!r} is not valid; allowed values: pca, tsne")
+    fig, axes = _panel_grid(len(features_by_panel))
+    cmap = plt.get_cmap("tab10")
+    for i, (ax, x) in enumerate(zip(axes, features_by_panel)):
+        if method == "pca":
+            xy = PCA(n_components=2, random_state=0).fit_transform(x)
+        else:
+            xy = TSNE(
+                n_components=2, random_state=0, perplexity=min(30, max(5, len(x) // 10)), init="pca"
+            ).fit_transform(x)
+        for c in np.unique(labels):
+            m = labels == c
+            ax.scatter(xy[m, 0], xy[m, 1], s=4, alpha=0.6, color=cmap(int(c) % 10), label=label_names[int(c)])
+        ax.set_title(titles[i] if titles else f"panel {i}")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[-1].legend(fontsize=7, markerscale=3, loc="best")
+    fig.suptitle(f"latent codes ({method.upper()}), coloured by rule")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out, len(axes)
+
+
+def rule_heatmaps(mean_codes_LxRxH, rule_names: list[str], out: Path) -> tuple[Path, int]:
+    """Mean latent code per rule (rows) and head (columns), one panel per layer."""
+    fig, axes = _panel_grid(len(mean_codes_LxRxH), width=3.8, height=3.0)
+    for layer, (ax, m) in enumerate(zip(axes, mean_codes_LxRxH)):
+        lim = float(abs(m).max()) or 1.0
+        im = ax.imshow(m, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+        ax.set_yticks(range(len(rule_names)), rule_names, fontsize=7)
+        ax.set_xlabel("head")
+        ax.set_title(f"layer {layer}")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("mean latent code per rule")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out, len(axes)
+
+
+def sweep_plot(series: dict[str, tuple[list, list, list]], xlabel: str, ylabel: str, out: Path) -> Path:
+    """``series[name] = (x, mean, s.e.)``: one line with error bars per attention variant."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for name, (x, mean, se) in series.items():
+        ax.errorbar(x, mean, yerr=se, marker="o", capsize=3, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
