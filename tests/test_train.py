@@ -277,7 +277,6 @@ def test_bf16_autocast_run(tmp_path: Path) -> None:
     assert rows and all(0 <= r["acc"] <= 1 and r["loss"] > 0 for r in rows)
 
 
-@pytest.mark.slow
 def test_compiled_run_matches_eager_losses(tmp_path: Path) -> None:
     args = tiny("fuzzy_logic", steps=4, **{"train.log_every": 1})
     assert main(["train", *args, "--out", str(tmp_path / "eager"), "--quiet"]) == 0

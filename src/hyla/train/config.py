@@ -55,6 +55,8 @@ class TrainConfig:
     moe_aux_weight: float = 0.01
     bf16: bool = False
     compile: bool = False
+    compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
+    tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
 
 
 @dataclass
@@ -89,6 +91,11 @@ class ExperimentConfig:
             raise ValueError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
         if not t.lr > 0:
             raise ValueError(f"train.lr must be > 0, got {t.lr}")
+        if t.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            raise ValueError(
+                f"train.compile_mode={t.compile_mode!r} is not valid; allowed values: default, reduce-overhead, "
+                "max-autotune, max-autotune-no-cudagraphs"
+            )
         if not 0 <= t.final_lr_fraction <= 1:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
         if self.data.task not in ("sraven", "fuzzy_logic"):

@@ -162,7 +162,10 @@ class Trainer:
                 self.model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None
             )
         if cfg.train.compile:
-            self.forward_model = torch.compile(self.forward_model)  # type: ignore[assignment]
+            self.forward_model = torch.compile(self.forward_model, mode=cfg.train.compile_mode)  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
+            torch.backends.cudnn.allow_tf32 = cfg.train.tf32
         self.data_gen = torch.Generator(self.device).manual_seed(cfg.data_seed * 1009 + self.dist.rank)
         self.step = 0
         self._acc: dict[str, Tensor] = {}
