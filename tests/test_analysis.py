@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from hyla.analysis import compositionality as comp
-from hyla.analysis.latents import collect_latents, load_trained, sraven_pairs
+from hyla.analysis.latents import collect_latents, sraven_pairs
 from hyla.analysis.plots import embedding_panels, rule_heatmaps
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.cli import main
+from hyla.train.loop import load_trained
 
 TINY = [
     "model.num_layers=2",

@@ -20,25 +20,7 @@ import numpy as np
 import torch
 
 from hyla.tasks.sraven import RULE_NAMES
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
-from hyla.train.config import load_config
-from hyla.train.loop import build_model, build_task
-
-
-def load_trained(run_dir: str | Path):
-    """(config, task, model in eval mode) of a run directory, weights from its latest checkpoint."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = load_config(str(run_dir / "config.yaml"))
-    task = build_task(cfg)
-    model = build_model(cfg, task)
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ValueError(f"{run_dir} has no checkpoint to analyze")
-    model.load_state_dict(load_checkpoint(ckpt).model)
-    model.eval()
-    return cfg, task, model
+from hyla.train.loop import load_trained
 
 
 def sraven_pairs(perm_NxGxF: torch.Tensor, num_features: int, grid_size: int = 3) -> tuple[torch.Tensor, torch.Tensor]:

@@ -211,6 +211,9 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.num_layers))
         self.norm = make_norm(c.norm, c.emb_dim)
         self.readout = nn.Linear(c.emb_dim, c.output_dim, bias=not c.tie_embeddings)
+        if c.vocab_size is not None:
+            # unit-norm token vectors; nn.Embedding's N(0, 1) would make tied logits start with std sqrt(emb_dim)
+            nn.init.normal_(self.embed.weight, std=c.emb_dim**-0.5)
         if c.tie_embeddings:
             self.readout.weight = self.embed.weight  # type: ignore[assignment]
         self.hook_resid_final = HookPoint()

@@ -24,7 +24,7 @@ from hyla.models import TransformerConfig
 class DataConfig:
     """The task. Fields apply to the task named in their comment; the others are ignored."""
 
-    task: str = "sraven"  # sraven | fuzzy_logic
+    task: str = "sraven"  # sraven | fuzzy_logic | text
     holdout: float = 0.25  # fraction of task combinations held out as the OOD split
     split_seed: int = 0  # which combinations are held out; independent of the training seed
     num_features: int = 4  # sraven
@@ -35,6 +35,15 @@ class DataConfig:
     num_terms: int = 2  # fuzzy_logic
     num_examples: int = 32  # fuzzy_logic
     num_unseen_terms: int = 0  # fuzzy_logic: terms never trained on (split unseen_terms if > 0)
+    corpus: str = "stdlib"  # text: stdlib | a file or folder | hf:<dataset name>
+    dataset_config: str | None = None  # text, hf: the dataset's configuration (e.g. en for C4)
+    dataset_split: str = "train"  # text, hf
+    data_files: str | None = None  # text, hf: e.g. local files for hf:text
+    text_field: str = "text"  # text, hf: the column holding the text
+    max_documents: int = 2000  # text
+    vocab_size: int = 4096  # text: BPE vocabulary
+    seq_len: int = 256  # text: tokens per training sequence
+    val_fraction: float = 0.05  # text: documents held out for validation (by content hash)
 
 
 @dataclass
@@ -53,6 +62,7 @@ class TrainConfig:
     checkpoint_every: int = 1000
     data_seed: int | None = None  # training stream; default derived from `seed`
     moe_aux_weight: float = 0.01
+    grad_accum_steps: int = 1  # micro-batches per update (the batch is split, the update is the same)
     bf16: bool = False
     compile: bool = False
     compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
@@ -98,8 +108,12 @@ class ExperimentConfig:
             )
         if not 0 <= t.final_lr_fraction <= 1:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
-        if self.data.task not in ("sraven", "fuzzy_logic"):
-            raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic")
+        if self.data.task not in ("sraven", "fuzzy_logic", "text"):
+            raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic, text")
+        if t.grad_accum_steps < 1 or t.batch_size % t.grad_accum_steps:
+            raise ValueError(
+                f"train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide train.batch_size={t.batch_size}"
+            )
         if self.model.input_dim is not None or self.model.vocab_size is not None:  # set once the task is known
             self.model.validate()
 

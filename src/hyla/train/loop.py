@@ -49,10 +49,15 @@ class Interrupted(Exception):
 
 
 # ------------------------------------------------------------------------------ building blocks
-def build_task(cfg: ExperimentConfig) -> Task:
+def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
+    """The task of a config; for text, the tokenizer saved in ``run_dir`` is reused when present."""
     from hyla.tasks import make_task
 
     d = cfg.data
+    if d.task == "text":
+        from hyla.tasks.text import TextTask
+
+        return TextTask(d, None if run_dir is None else Path(run_dir) / "tokenizer.json")
     if d.task == "sraven":
         return make_task(
             "sraven",
@@ -76,11 +81,32 @@ def build_task(cfg: ExperimentConfig) -> Task:
 
 def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
     m = cfg.model
-    m.input_dim, m.output_dim, m.vocab_size = task.input_dim, task.output_dim, None
+    if cfg.data.task == "text":
+        m.input_dim, m.vocab_size, m.output_dim = None, task.vocab_size, task.vocab_size  # type: ignore[attr-defined]
+        m.causal = True
+    else:
+        m.input_dim, m.output_dim, m.vocab_size = task.input_dim, task.output_dim, None
     if m.relative_position:
         m.relative_position_buckets = m.relative_position_max_distance = task.seq_len
     torch.manual_seed(cfg.seed)
     return Transformer(m)
+
+
+def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
+    """(config, task, model in eval mode) of a run directory, weights from its latest checkpoint."""
+    from hyla.train.config import load_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = load_config(str(run_dir / "config.yaml"))
+    task = build_task(cfg, run_dir)
+    model = build_model(cfg, task)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir} has no checkpoint")
+    model.load_state_dict(load_checkpoint(ckpt).model)
+    return cfg, task, model.eval()
 
 
 def build_optimizer(model: nn.Module, cfg: ExperimentConfig, device: torch.device) -> torch.optim.AdamW:
@@ -152,7 +178,7 @@ class Trainer:
                 f"train.batch_size={cfg.train.batch_size} must be divisible by the number of processes "
                 f"({self.dist.world}): the global batch is split over them"
             )
-        self.task = build_task(cfg)
+        self.task = build_task(cfg, self.run_dir)
         self.model = build_model(cfg, self.task).to(self.device)
         cfg.validate()
         self.optimizer = build_optimizer(self.model, cfg, self.device)
@@ -196,6 +222,8 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+            if hasattr(self.task, "save_tokenizer"):
+                self.task.save_tokenizer(self.run_dir / "tokenizer.json")
             self._truncate_metrics_after(self.step)
 
     def _restore(self, state: TrainingState) -> None:
@@ -306,24 +334,30 @@ class Trainer:
         t = self.cfg.train
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.cfg)
-        batch = self.task.sample(t.batch_size // self.dist.world, "train", self.data_gen)
-        with self._autocast():
-            out = self.forward_model(batch.inputs, last_positions=self.task.num_output_positions)
-            loss = self.task.loss(out.float(), batch)
-            if self.cfg.model.moe_experts:
-                loss = loss + t.moe_aux_weight * self.model.aux_loss
-        bad = ~torch.isfinite(loss.detach())
-        self._nonfinite_step = torch.where(bad & (self._nonfinite_step < 0), self.step + 1, self._nonfinite_step)
+        accum = t.grad_accum_steps
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        with torch.no_grad():
-            m = self.task.metrics(out.detach().float(), batch)
-            for k in ("loss", self.task.primary_metric):
-                self._acc[k] = (
-                    self._acc.get(k, torch.zeros((), dtype=torch.float64, device=self.device)) + m[k].double().mean()
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        for micro in range(accum):
+            batch = self.task.sample(t.batch_size // self.dist.world // accum, "train", self.data_gen)
+            last = micro == accum - 1
+            ddp = isinstance(self.forward_model, nn.parallel.DistributedDataParallel)
+            with self.forward_model.no_sync() if ddp and not last else nullcontext():  # all-reduce once
+                with self._autocast():
+                    out = self.forward_model(batch.inputs, last_positions=self.task.num_output_positions)
+                    loss = self.task.loss(out.float(), batch)
+                    if self.cfg.model.moe_experts:
+                        loss = loss + t.moe_aux_weight * self.model.aux_loss
+                bad = ~torch.isfinite(loss.detach())
+                self._nonfinite_step = torch.where(
+                    bad & (self._nonfinite_step < 0), self.step + 1, self._nonfinite_step
                 )
-            self._acc["_n"] = self._acc.get("_n", torch.zeros((), dtype=torch.float64, device=self.device)) + 1
+                (loss / accum).backward()
+            with torch.no_grad():
+                m = self.task.metrics(out.detach().float(), batch)
+                for k in ("loss", self.task.primary_metric):
+                    self._acc[k] = self._acc.get(k, zero) + m[k].double().mean() / accum
+        self.optimizer.step()
+        self._acc["_n"] = self._acc.get("_n", zero) + 1
         self.step += 1
 
     def _check_finite(self) -> None:
@@ -376,6 +410,10 @@ class Trainer:
                     t_last, step_last = now, s
                     if self.writer is not None:
                         self.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
+                        self.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
+                        if self.cfg.data.task == "text":
+                            tokens = steps_per_s * t.batch_size * self.task.seq_len
+                            self.writer.add_scalar("perf/tokens_per_s", tokens, s)
                     summary = {k: f"{v:.4g}" for k, v in train_metrics.items()} | {"it/s": f"{steps_per_s:.1f}"}
                     if bar is not None:
                         bar.set_postfix(summary)
