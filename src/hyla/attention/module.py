@@ -107,8 +107,8 @@ class Attention(nn.Module):
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
         backend: ``auto`` | ``reference`` | ``fused`` | ``chunked``; how the hyper value network is
-            computed (see ``hyla.attention.kernels``). The latent code and hooks always use the
-            reference path.
+            computed (see ``hyla.attention.kernels``; ``chunked`` processes ``chunk_size`` queries at a
+            time). The latent code and hooks always use the reference path.
     """
 
     def __init__(
@@ -132,6 +132,7 @@ class Attention(nn.Module):
         bias: bool = True,
         nonlinearity: str | None = None,
         backend: str = "auto",
+        chunk_size: int = 256,
     ) -> None:
         super().__init__()
         config = attention if isinstance(attention, AttentionConfig) else attention_preset(attention)
@@ -151,6 +152,7 @@ class Attention(nn.Module):
         self.kv_dim = kv_dim or dim
         self.out_dim = out_dim or dim
         self.causal, self.rope, self.rope_base, self.backend = causal, rope, rope_base, backend
+        self.chunk_size = chunk_size
 
         self.q_proj = nn.Linear(dim, num_heads * self.head_dim_qk, bias=bias)
         self.k_proj = nn.Linear(self.kv_dim, num_heads * self.head_dim_qk, bias=bias)
@@ -307,7 +309,8 @@ class Attention(nn.Module):
         if not self._uses_reference(need_latent):
             from hyla.attention.kernels import dispatch
 
-            y = dispatch(self.backend, q, k, v, self.config, mask=mask, bias=bias, w_mid_HxDxD=self.w_mid_HxDxD)
+            y = dispatch(self.backend, q, k, v, self.config, mask=mask, bias=bias, w_mid_HxDxD=self.w_mid_HxDxD,
+                         chunk_size=self.chunk_size)
             if y is not None:
                 return y, None
         s = self.hook_scores(fn.attention_scores(q, k, bias))

@@ -1,0 +1,55 @@
+"""Chunked direct form: blocks of queries at a time, memory O(B * chunk * K * D) instead of O(B * Q * K * D).
+
+Exact for every variant: softmax normalizes over keys and RMSHead across heads, both per query row,
+so a block of queries needs nothing from the others. With gradients enabled each block runs under
+``torch.utils.checkpoint``, so the backward recomputes the block instead of keeping its hidden tensor:
+the backward's memory is bounded by one block too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from hyla.attention.config import AttentionConfig
+from hyla.attention.functional import hypernetwork_attention
+
+
+def _rows(t: Tensor | None, start: int, stop: int) -> Tensor | None:
+    """Slice the query dimension (-2) of a tensor broadcastable to B x H x Q x K."""
+    if t is None or t.shape[-2] == 1:
+        return t
+    return t[..., start:stop, :]
+
+
+def chunked_hypernetwork_attention(
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    config: AttentionConfig,
+    *,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+    w_mid_HxDxD: Tensor | None = None,
+    chunk_size: int = 256,
+) -> Tensor:
+    """``y_BxHxQxD`` of :func:`hyla.attention.functional.hypernetwork_attention`, ``chunk_size`` queries at a time."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    num_queries = q_BxHxQxE.shape[2]
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, bias, w_mid_HxDxD)
+    )
+
+    def block(q: Tensor, mask: Tensor | None, b: Tensor | None) -> Tensor:
+        y, _ = hypernetwork_attention(q, k_BxHxKxE, v_BxHxKxD, config, mask_Bx1xQxK=mask, bias=b,
+                                      w_mid_HxDxD=w_mid_HxDxD)
+        return y
+
+    outs = []
+    for start in range(0, num_queries, chunk_size):
+        stop = min(start + chunk_size, num_queries)
+        args = (q_BxHxQxE[:, :, start:stop], _rows(mask_Bx1xQxK, start, stop), _rows(bias, start, stop))
+        outs.append(checkpoint(block, *args, use_reentrant=False) if grad else block(*args))
+    return torch.cat(outs, dim=2)
