@@ -32,8 +32,7 @@ def test_chunked_matches_direct_form(preset: str, masked: bool) -> None:
         mask = (torch.arange(k)[None, :] <= torch.arange(q)[:, None] + 2)[None, None].expand(b, 1, q, k).clone()
         mask[1, :, :, 4] = False
     ref, _ = hypernetwork_attention(q_, k_, v_, cfg, mask_Bx1xQxK=mask, bias=bias, w_mid_HxDxD=w_mid)
-    out = chunked_hypernetwork_attention(q_, k_, v_, cfg, mask_Bx1xQxK=mask, bias=bias, w_mid_HxDxD=w_mid,
-                                         chunk_size=4)
+    out = chunked_hypernetwork_attention(q_, k_, v_, cfg, mask_Bx1xQxK=mask, bias=bias, w_mid_HxDxD=w_mid, chunk_size=4)
     assert rel_err(out, ref) < 1e-12
     g = torch.randn_like(ref)
     inputs = [t for t in (q_, k_, v_, bias, w_mid) if t is not None]

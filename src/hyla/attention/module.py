@@ -309,8 +309,17 @@ class Attention(nn.Module):
         if not self._uses_reference(need_latent):
             from hyla.attention.kernels import dispatch
 
-            y = dispatch(self.backend, q, k, v, self.config, mask=mask, bias=bias, w_mid_HxDxD=self.w_mid_HxDxD,
-                         chunk_size=self.chunk_size)
+            y = dispatch(
+                self.backend,
+                q,
+                k,
+                v,
+                self.config,
+                mask=mask,
+                bias=bias,
+                w_mid_HxDxD=self.w_mid_HxDxD,
+                chunk_size=self.chunk_size,
+            )
             if y is not None:
                 return y, None
         s = self.hook_scores(fn.attention_scores(q, k, bias))

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import platform
+
+import torch
 
 BENCHMARKS: dict[str, str] = {
     "step": "hyla.bench.step",
@@ -27,3 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                 continue
             raise
         module.register(bench_sub)
+
+
+def require_device(device: str) -> None:
+    """Exit with a clear message when CUDA is asked for but absent."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
+
+
+def device_label(device: str) -> str:
+    """The GPU's name, or the CPU architecture and thread count: what every benchmark records."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hyla.bench import device_label, require_device
+
 VARIANTS = ("hyla_reference", "hyla_chunked", "hyla_fused", "sdpa_softmax", "eager_softmax", "linear")
 
 
@@ -50,16 +52,27 @@ def _core(variant: str, chunk_size: int):
     raise NotImplementedError(variant)
 
 
-def measure(variant: str, seq_len: int, batch_tokens: int, heads: int, head_dim: int, dtype: str, device: str,
-            repeats: int, chunk_size: int) -> dict:
+def measure(
+    variant: str,
+    seq_len: int,
+    batch_tokens: int,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    device: str,
+    repeats: int,
+    chunk_size: int,
+) -> dict:
     """Run in a fresh process: forward and forward+backward medians (ms) and peak memory (MB)."""
     if variant == "hyla_fused":
         return {"status": "not implemented"}
     b = max(1, batch_tokens // seq_len)
     dt = getattr(torch, dtype)
     gen = torch.Generator(device).manual_seed(0)
-    q, k, v = (torch.randn(b, heads, seq_len, head_dim, generator=gen, device=device, dtype=dt).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(b, heads, seq_len, head_dim, generator=gen, device=device, dtype=dt).requires_grad_()
+        for _ in range(3)
+    )
     fn = _core(variant, chunk_size)
     g = torch.randn(b, heads, seq_len, head_dim, generator=gen, device=device, dtype=dt)
     cuda = device.startswith("cuda")
@@ -86,30 +99,36 @@ def measure(variant: str, seq_len: int, batch_tokens: int, heads: int, head_dim:
         fwdbwd = timed(True)
     except torch.OutOfMemoryError:
         return {"status": "out of memory", "batch": b}
-    peak = (torch.cuda.max_memory_allocated() if cuda else
-            (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) * 1024) / 2**20
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) * 1024
+    ) / 2**20
     return {"status": "ok", "batch": b, "fwd_ms": fwd, "fwd_bwd_ms": fwdbwd, "peak_mb": peak}
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
+    require_device(args.device)
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(VARIANTS)}")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    device_name = device_label(args.device)
     rows = []
-    print(f"device={device_name} dtype={dtype} heads={args.heads} head_dim={args.head_dim} "
-          f"batch_tokens={args.batch_tokens}")
+    print(
+        f"device={device_name} dtype={dtype} heads={args.heads} head_dim={args.head_dim} "
+        f"batch_tokens={args.batch_tokens}"
+    )
     print(f"{'variant':16s} {'T':>6s} {'B':>4s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MB':>9s}")
     for t in seq_lens:
         for v in variants:
-            call = (f"import json; from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
-                    f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
-                    f"{args.chunk_size})))")
+            call = (
+                f"import json; from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
+                f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
+                f"{args.chunk_size})))"
+            )
             proc = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
             if proc.returncode != 0:
                 res = {"status": "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}
@@ -118,13 +137,17 @@ def run(args: argparse.Namespace) -> int:
             row = {"variant": v, "seq_len": t, **res}
             rows.append(row)
             if res["status"] == "ok":
-                print(f"{v:16s} {t:6d} {res['batch']:4d} {res['fwd_ms']:9.2f} {res['fwd_bwd_ms']:11.2f} "
-                      f"{res['peak_mb']:9.1f}")
+                print(
+                    f"{v:16s} {t:6d} {res['batch']:4d} {res['fwd_ms']:9.2f} {res['fwd_bwd_ms']:11.2f} "
+                    f"{res['peak_mb']:9.1f}"
+                )
             else:
                 print(f"{v:16s} {t:6d}    - {res['status']}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["variant", "seq_len", "status", "batch", "fwd_ms", "fwd_bwd_ms", "peak_mb"])
+            w = csv.DictWriter(
+                f, fieldnames=["variant", "seq_len", "status", "batch", "fwd_ms", "fwd_bwd_ms", "peak_mb"]
+            )
             w.writeheader()
             w.writerows(rows)
     if args.json:

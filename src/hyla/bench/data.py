@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
+from hyla.bench import device_label, require_device
 from hyla.tasks import make_task
 
 
@@ -40,13 +40,8 @@ def ambiguous_fraction(num: int, seed: int, criterion: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else (f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
-    )
+    require_device(args.device)
+    device_name = device_label(args.device)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     result: dict = {
         "device": device_name,

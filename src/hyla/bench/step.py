@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -21,6 +20,7 @@ import time
 
 import torch
 
+from hyla.bench import device_label, require_device
 from hyla.models import Transformer, TransformerConfig, num_parameters
 
 TASK_MODELS = {
@@ -106,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(PRESETS)}")
     if args.task not in TASK_MODELS:
         raise SystemExit(f"--task must be one of {', '.join(TASK_MODELS)}, got {args.task!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
+    require_device(args.device)
     results: dict[str, dict[str, float]] = {}
     for v in variants:
         cmd = [
@@ -119,11 +118,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else (f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
-    )
+    device_name = device_label(args.device)
     base = results.get("softmax", {}).get("ms_per_step")
     print(f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__}")
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")

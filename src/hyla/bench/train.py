@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from hyla.bench import device_label, require_device
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
 from hyla.train.stacked import StackedTrainer
@@ -55,13 +55,8 @@ def bench_variant(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but torch.cuda.is_available() is False")
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else (f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
-    )
+    require_device(args.device)
+    device_name = device_label(args.device)
     print(f"task={args.task} seeds={args.seeds} steps={args.steps} compile={args.compile} device={device_name}")
     print(
         f"{'variant':10s} {'1 run steps/s':>14s} {'problems/s':>11s} {'R stacked steps/s':>18s} "

@@ -33,7 +33,13 @@ def dispatch(
         return None
     if backend == "chunked":
         return chunked_hypernetwork_attention(
-            q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, config, mask_Bx1xQxK=mask, bias=bias, w_mid_HxDxD=w_mid_HxDxD,
+            q_BxHxQxE,
+            k_BxHxKxE,
+            v_BxHxKxD,
+            config,
+            mask_Bx1xQxK=mask,
+            bias=bias,
+            w_mid_HxDxD=w_mid_HxDxD,
             chunk_size=chunk_size,
         )
     raise NotImplementedError(

@@ -43,8 +43,9 @@ def chunked_hypernetwork_attention(
     )
 
     def block(q: Tensor, mask: Tensor | None, b: Tensor | None) -> Tensor:
-        y, _ = hypernetwork_attention(q, k_BxHxKxE, v_BxHxKxD, config, mask_Bx1xQxK=mask, bias=b,
-                                      w_mid_HxDxD=w_mid_HxDxD)
+        y, _ = hypernetwork_attention(
+            q, k_BxHxKxE, v_BxHxKxD, config, mask_Bx1xQxK=mask, bias=b, w_mid_HxDxD=w_mid_HxDxD
+        )
         return y
 
     outs = []
