@@ -5,14 +5,15 @@ SRAVEN: a logistic-regression probe is fit on the codes of problems from *traini
 and with all layers together. Baselines: chance = the most frequent OOD rule's share; control = the
 same probe fit on shuffled training labels (it must fall to chance if the probe reads real structure).
 
-Fuzzy logic: ridge regression from the flattened code of a sequence to its term literals (+-1),
-fit on one half of the sequences and scored (R^2) on the other.
+Fuzzy logic: ridge regression from the code of a sequence (per layer and head, mean and standard
+deviation over the context keys) to its term literals (+-1), fit on one half of the sequences and
+scored (R^2) on the other.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -53,16 +54,32 @@ def rule_probe(train: dict, ood: dict, seed: int = 0) -> dict:
     return result
 
 
+def key_pooled(codes_NxLxKxH: np.ndarray) -> np.ndarray:
+    """Per sequence, the mean and standard deviation over the context keys of each (layer, head) code.
+
+    The keys are random examples, so their order carries nothing; pooling makes the features
+    comparable across sequences (2 * layers * heads of them)."""
+    n = len(codes_NxLxKxH)
+    return np.concatenate([codes_NxLxKxH.mean(2).reshape(n, -1), codes_NxLxKxH.std(2).reshape(n, -1)], axis=1)
+
+
 def term_probe(codes: np.ndarray, terms_NxKxL: np.ndarray, seed: int = 0) -> dict:
-    """Ridge R^2 of the term literals (+-1) from the flattened code; fit on half, scored on the rest."""
+    """Ridge R^2 of the term literals (+-1) from features of the code; fit on half, scored on the rest.
+
+    ``codes`` is either the extracted ``(N, layers, keys, heads)`` array (pooled over keys, see
+    :func:`key_pooled`) or any ``(N, features)`` matrix. The ridge strength is chosen by
+    cross-validation on the fitting half."""
+    from sklearn.linear_model import RidgeCV
+
     rng = np.random.default_rng(seed)
     n = len(codes)
     order = rng.permutation(n)
     fit, score = order[: n // 2], order[n // 2 :]
-    x = codes.reshape(n, -1)
+    x = key_pooled(codes) if codes.ndim == 4 else codes.reshape(n, -1)
     y = np.where(terms_NxKxL, 1.0, -1.0).reshape(n, -1)
-    model = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(x[fit], y[fit])
-    shuffled = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(x[fit], y[rng.permutation(fit)])
+    alphas = np.logspace(-3, 3, 13)
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[fit])
+    shuffled = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[rng.permutation(fit)])
     return {
         "r2": float(model.score(x[score], y[score])),
         "shuffled_label_r2": float(shuffled.score(x[score], y[score])),
