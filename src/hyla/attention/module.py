@@ -12,7 +12,7 @@ e.g. ``model.blocks[0].attn.hook_latent`` reads or edits the latent code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +45,6 @@ class KVCache:
 
     k_BxHxTxE: Tensor | None = None
     v_BxHxTxD: Tensor | None = None
-    extra: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def length(self) -> int:

@@ -67,6 +67,7 @@ class FuzzyLogic(Task):
         self.term_patterns = torch.from_numpy(bits.astype(bool))  # (2^L, L)
         self.combinations = torch.tensor(list(itertools.combinations(range(total_terms), num_terms)))  # (C, K)
         self.task_ids = self._split(np.random.default_rng(split_seed))
+        self._device_tables: dict[torch.device, dict[str, Tensor]] = {}
 
     def _split(self, rng: np.random.Generator) -> dict[str, Tensor]:
         total_terms = 2**self.num_variables
@@ -104,10 +105,17 @@ class FuzzyLogic(Task):
     def sample(self, batch_size: int, split: str, generator: torch.Generator) -> Batch:
         self.check_split(split)
         dev = generator.device
-        ids = self.task_ids[split].to(dev)
+        if dev not in self._device_tables:  # copy once: no host-to-device transfer in the training step
+            self._device_tables[dev] = {
+                "patterns": self.term_patterns.to(dev),
+                "combinations": self.combinations.to(dev),
+                **{k: v.to(dev) for k, v in self.task_ids.items()},
+            }
+        tables = self._device_tables[dev]
+        ids = tables[split]
         pick = torch.randint(len(ids), (batch_size,), generator=generator, device=dev)
         task_id = ids[pick]
-        terms_BxKxL = self.term_patterns.to(dev)[self.combinations.to(dev)[task_id]]
+        terms_BxKxL = tables["patterns"][tables["combinations"][task_id]]
         x_BxNxL = torch.rand(batch_size, self.num_examples, self.num_variables, generator=generator, device=dev)
         literal_BxNxKxL = torch.where(terms_BxKxL[:, None], x_BxNxL[:, :, None], 1 - x_BxNxL[:, :, None])
         y_BxN = literal_BxNxKxL.amin(dim=-1).amax(dim=-1)
