@@ -76,7 +76,9 @@ def embedding_panels(
     return out, len(axes)
 
 
-def rule_heatmaps(mean_codes_LxRxH, rule_names: list[str], out: Path) -> tuple[Path, int]:
+def rule_heatmaps(
+    mean_codes_LxRxH, rule_names: list[str], out: Path, title: str = "mean latent code per rule"
+) -> tuple[Path, int]:
     """Mean latent code per rule (rows) and head (columns), one panel per layer."""
     fig, axes = _panel_grid(len(mean_codes_LxRxH), width=3.8, height=3.0)
     for layer, (ax, m) in enumerate(zip(axes, mean_codes_LxRxH)):
@@ -86,7 +88,7 @@ def rule_heatmaps(mean_codes_LxRxH, rule_names: list[str], out: Path) -> tuple[P
         ax.set_xlabel("head")
         ax.set_title(f"layer {layer}")
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("mean latent code per rule")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
