@@ -72,8 +72,12 @@ def cmd_plots(args: argparse.Namespace) -> int:
     present = np.unique(labels)
     means = np.stack([codes[labels == r].mean(0) for r in present], axis=1)  # (L, R, H)
     # minus the mean over rules: the head profile every rule shares would hide what differs between rules
-    rule_heatmaps(means - means.mean(axis=1, keepdims=True), [RULE_NAMES[r] for r in present],
-                  out / "mean_code_per_rule.png", title="mean latent code per rule, minus the mean over rules")
+    rule_heatmaps(
+        means - means.mean(axis=1, keepdims=True),
+        [RULE_NAMES[r] for r in present],
+        out / "mean_code_per_rule.png",
+        title="mean latent code per rule, minus the mean over rules",
+    )
     print(f"wrote {out}/latents_pca.png, latents_tsne.png, mean_code_per_rule.png")
     return 0
 

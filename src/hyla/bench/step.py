@@ -46,8 +46,11 @@ def time_variant(
     warmup: int,
     device: str,
     compile_model: bool = False,
+    all_positions: bool = False,
 ) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
+    if all_positions:  # the model computes every position, as without Transformer(last_positions=...)
+        last_positions = None
     torch.manual_seed(0)
     cfg = TransformerConfig(
         input_dim=input_dim,
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             "-c",
             "import json,sys; from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
-            f"{args.warmup}, {args.device!r}, {args.compile})))",
+            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions})))",
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)
@@ -154,5 +157,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--all-positions",
+        action="store_true",
+        help="compute every output position (not only those the loss reads), for comparison",
+    )
     p.add_argument("--json", help="write {'variants': {name: {'ms_per_step', 'peak_mem_mb', ...}}, 'device'}")
     p.set_defaults(func=run)
