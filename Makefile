@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not kernel" tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q -m slow tests || [ $$? -eq 5 ]
 
 test-kernel: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m kernel tests
@@ -37,8 +37,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# The CPU tables in results/ (see each file for its exact command); benchmarks/gpu_*.sh for a GPU.
 bench: $(STAMP)
-	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla --json results/bench_step_cpu.json
+	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 --json results/bench_step_sraven_cpu.json
+	$(BIN)/hyla bench step --task fuzzy_logic --variants softmax,linear,hyla --steps 30 --json results/bench_step_fuzzy_cpu.json
+	$(BIN)/hyla bench data --task sraven --batch-sizes 128,4096,16384 --repeats 20 --ambiguity 100000
+	$(BIN)/hyla bench train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 30
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
