@@ -6,19 +6,21 @@ from typing import Any
 
 from hyla.tasks.base import Batch, Task
 from hyla.tasks.fuzzy_logic import FuzzyLogic
+from hyla.tasks.sraven import RULE_NAMES, SRaven
 
+#: names accepted by :func:`make_task`
 TASKS: tuple[str, ...] = ("sraven", "fuzzy_logic")
 
 
 def make_task(name: str, **kwargs: Any) -> Task:
-    """Build a task by name (``sraven`` | ``fuzzy_logic``) with its constructor arguments."""
-    if name == "fuzzy_logic":
-        return FuzzyLogic(**kwargs)
-    if name == "sraven":
-        from hyla.tasks.sraven import SRaven
-
+    """Build a task by name (``sraven`` | ``fuzzy_logic``; ``fuzzy-logic`` also accepted) with its
+    constructor arguments."""
+    key = name.replace("-", "_")
+    if key == "sraven":
         return SRaven(**kwargs)
+    if key == "fuzzy_logic":
+        return FuzzyLogic(**kwargs)
     raise ValueError(f"task {name!r} is unknown; allowed values: {', '.join(TASKS)}")
 
 
-__all__ = ["TASKS", "Batch", "FuzzyLogic", "Task", "make_task"]
+__all__ = ["RULE_NAMES", "TASKS", "Batch", "FuzzyLogic", "SRaven", "Task", "make_task"]

@@ -4,32 +4,41 @@ A problem is a ``G x G`` grid of panels (G = ``grid_size`` = 3), each panel F fe
 ``0..V-1`` (mod-V arithmetic). Each *canonical* feature f follows one rule along every row:
 
 ====  ================  =====================================================================
- id   name              row (c_0, ..., c_{G-1})
+ id   name              row (c_0, ..., c_{G-1}) of one feature
 ====  ================  =====================================================================
- 0    constant          one random value per row
+ 0    constant          one random value per row, repeated
  1-4  progression±1/±2  random start, then start + d * column
  5    addition          random c_0..c_{G-2}, last = their sum
  6    subtraction       random c_0..c_{G-2}, last = c_0 - c_1 - ... - c_{G-2}
  7    distribute_three  G distinct values shared by all rows, each row a random permutation
 ====  ================  =====================================================================
 
+(addition/subtraction need ``grid_size >= 3``; distribute_three needs ``num_values >= grid_size``.)
+
 A *task* is the multiset of F rules (``C(8+F-1, F)`` = 330 tasks for F=4); canonical feature f
 gets the f-th rule of the sorted multiset (as in the paper's code). A fraction ``holdout`` of the
-tasks (``int(holdout * num_tasks)`` = 82) is the OOD split, chosen by ``split_seed`` alone.
+tasks (``int(holdout * num_tasks)`` = 82) is the ``ood`` split, chosen by ``split_seed`` alone; the
+others are ``train`` and ``test`` (fresh problems of the training tasks). ``holdout=0`` drops ``ood``.
 
 Feature permutation: for each problem and column c the F feature slots are permuted by ``perm[c]``,
 shared by the rows of that column: ``grid[r, c, i] = canonical[r, c, perm[c, i]]``.
 
-Encoding (``seq_len = G*G*F`` = 36): the ``G*G - 1`` context panels row-major, each as F tokens
-in slot order (token ``(r*G + c)*F + i`` holds ``grid[r, c, i]`` one-hot over V), then F all-zero
-query tokens for the answer panel ``grid[G-1, G-1]``; ``input_dim = V``. The model's outputs at the
-last F positions are the answer logits; ``targets = grid[:, G-1, G-1]`` (slot order).
+Encoding (``seq_len = G*G*F`` = 36, ``input_dim = V``): token ``(r*G + c)*F + i`` holds panel
+``(r, c)``'s slot ``i`` one-hot over V (panels row-major, slots in the model's permuted order); the
+last F tokens (the answer panel ``(G-1, G-1)``) are all-zero query tokens. The model's outputs at
+those F positions are the answer logits; ``targets = grid[:, G-1, G-1]`` (slot order).
+
+Sampling. Every rule's rows come from one small table of rows (504 rows for the defaults): a
+problem's feature picks G row indices (independent rows for rules 0-6; for distribute_three a shared
+value set plus one permutation per row). All randomness is one ``torch.rand`` float64 call on the
+generator's device, turned into indices by ``floor(u * n)`` (uniform to within ``n * 2**-53``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -48,12 +57,45 @@ RULE_NAMES: tuple[str, ...] = (
     "subtraction",
     "distribute_three",
 )
+_STEPS = {1: 1, 2: 2, 3: -1, 4: -2}
+#: most rows the row table may hold (addition's V^(G-1), distribute_three's V!/(V-G)!)
+MAX_TABLE_ROWS = 1 << 22
+#: permutations of F slots are drawn from a table up to this size, by argsort above it
+_PERM_TABLE_LIMIT = 50_000
+#: entries of the table of all G-tuples of column permutations (F=4, G=3: 24^3 x 36)
+_SLOT_TABLE_LIMIT = 1 << 20
+
+
+def _rule_rows(rule: int, v: int, g: int) -> tuple[np.ndarray, int, int]:
+    """(rows, shared, per_row) of one rule: a row index is ``s * per_row + p`` with ``s`` drawn once
+    per feature from ``range(shared)`` and ``p`` once per row from ``range(per_row)``."""
+    col = np.arange(g)
+    if rule == 0:
+        return np.repeat(np.arange(v)[:, None], g, axis=1), 1, v
+    if rule in _STEPS:
+        return (np.arange(v)[:, None] + _STEPS[rule] * col[None]) % v, 1, v
+    if rule in (5, 6):
+        lead = np.array(list(itertools.product(range(v), repeat=g - 1))).reshape(-1, g - 1)
+        last = lead.sum(1) if rule == 5 else 2 * lead[:, 0] - lead.sum(1)
+        return np.concatenate([lead, (last % v)[:, None]], axis=1), 1, len(lead)
+    sets = np.array(list(itertools.combinations(range(v), g)))  # (S, G) sorted value sets
+    perms = np.array(list(itertools.permutations(range(g))))  # (G!, G)
+    return sets[:, perms].reshape(-1, g), len(sets), len(perms)
+
+
+def _rows_count(rule: int, v: int, g: int) -> int:
+    if rule in (5, 6):
+        return v ** (g - 1)
+    if rule == 7:
+        return math.perm(v, g)
+    return v
 
 
 class SRaven(Task):
+    """SRAVEN problems on demand; see the module docstring for rules, splits and encoding."""
+
     name = "sraven"
     primary_metric = "acc"
-    eval_splits = ("test", "ood")
 
     def __init__(
         self,
@@ -61,7 +103,7 @@ class SRaven(Task):
         num_values: int = 8,
         grid_size: int = 3,
         holdout: float = 0.25,
-        rules: list[str] | tuple[str, ...] | None = None,
+        rules: Sequence[str] | None = None,
         split_seed: int = 0,
         permute_features: bool = True,
         unambiguous_only: bool = False,
@@ -76,6 +118,11 @@ class SRaven(Task):
             raise ValueError(f"num_values must be >= 2, got {num_values}")
         if grid_size < 2:
             raise ValueError(f"grid_size must be >= 2, got {grid_size}")
+        if grid_size < 3 and {"addition", "subtraction"} & set(rules):
+            raise ValueError(
+                f"grid_size={grid_size} is too small for addition/subtraction (two operands and a result per row); "
+                "use grid_size >= 3 or drop those rules"
+            )
         if "distribute_three" in rules and num_values < grid_size:
             raise ValueError(
                 f"num_values={num_values} is too small for distribute_three, which needs grid_size={grid_size} "
@@ -83,124 +130,169 @@ class SRaven(Task):
             )
         if not 0 <= holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {holdout}")
+        ids = [RULE_NAMES.index(r) for r in rules]
+        table_rows = sum(_rows_count(i, num_values, grid_size) for i in ids)
+        if table_rows > MAX_TABLE_ROWS:
+            raise ValueError(
+                f"num_values={num_values}, grid_size={grid_size}: the row table would hold {table_rows:,} rows "
+                f"(limit {MAX_TABLE_ROWS:,}); lower num_values or grid_size"
+            )
         self.num_features, self.num_values, self.grid_size = num_features, num_values, grid_size
         self.holdout, self.split_seed, self.permute_features = holdout, split_seed, permute_features
         self.unambiguous_only = unambiguous_only
+        if unambiguous_only:
+            from hyla.tasks.sraven_ambiguity import _MAX_READINGS
+
+            if math.factorial(num_features) ** (grid_size - 1) > _MAX_READINGS:
+                raise ValueError(
+                    f"unambiguous_only=True needs the ambiguity check, which enumerates (num_features!)^(grid_size-1) "
+                    f"feature bindings: too many for num_features={num_features}, grid_size={grid_size}"
+                )
         self.rule_names = rules
-        self.rule_ids = torch.tensor([RULE_NAMES.index(r) for r in rules])
+        self.rule_ids = torch.tensor(ids)
         self.input_dim, self.output_dim = num_values, num_values
         self.seq_len = grid_size * grid_size * num_features
         self.num_output_positions = num_features
 
         # tasks: sorted multisets of rule ids (global ids, so names stay meaningful with a subset)
-        tasks = list(itertools.combinations_with_replacement(self.rule_ids.tolist(), num_features))
+        tasks = list(itertools.combinations_with_replacement(ids, num_features))
         self.tasks = torch.tensor(tasks)  # (num_tasks, F)
         num_ood = int(holdout * len(tasks))
         if holdout > 0 and num_ood == 0:
             raise ValueError(f"holdout={holdout} holds out no task of {len(tasks)}; raise it or use 0")
-        if num_ood >= len(tasks):
-            raise ValueError(f"holdout={holdout} leaves no training task of {len(tasks)}")
         order = torch.from_numpy(np.random.default_rng(split_seed).permutation(len(tasks)))
-        self.task_ids = {"train": order[num_ood:].sort().values, "ood": order[:num_ood].sort().values}
-        self.task_ids["test"] = self.task_ids["train"]
-        # small random permutations are drawn as an index into a table (much faster than argsort)
-        self._feature_perms = _permutation_table(num_features)
-        self._row_perms = _permutation_table(grid_size)
-        self._symbol_tuples = _ordered_subsets(num_values, grid_size) if num_values >= grid_size else None
-        self._device_cache: dict[torch.device, dict[str, Tensor | None]] = {}
+        self.task_ids = {"train": order[num_ood:].sort().values, "test": order[num_ood:].sort().values}
+        if num_ood:
+            self.task_ids["ood"] = order[:num_ood].sort().values
+        self.eval_splits = ("test", "ood") if num_ood else ("test",)
 
-    def _tables(self, device: torch.device) -> dict[str, Tensor | None]:
-        if device not in self._device_cache:
-            self._device_cache[device] = {
-                "tasks": self.tasks.to(device),
-                "one_hot": torch.eye(self.num_values + 1, self.num_values, device=device),
-                "steps": torch.tensor([0, 1, 2, -1, -2, 0, 0, 0], dtype=torch.int16, device=device),
-                "feature_perms": None if self._feature_perms is None else self._feature_perms.to(device),
-                "row_perms": None if self._row_perms is None else self._row_perms.to(device),
-                "symbols": None if self._symbol_tuples is None else self._symbol_tuples.to(device),
-                **{f"ids_{k}": v.to(device) for k, v in self.task_ids.items()},
-            }
-        return self._device_cache[device]
+        # the row table and, per global rule id, where its rows start and how they are drawn
+        parts, offset = [], 0
+        draw_params = torch.zeros(len(RULE_NAMES), 4, dtype=torch.float64)  # rule, offset, shared, per_row
+        for i in ids:
+            rows, shared, per_row = _rule_rows(i, num_values, grid_size)
+            draw_params[i] = torch.tensor([i, offset, shared, per_row], dtype=torch.float64)
+            parts.append(rows)
+            offset += len(rows)
+        self.row_table = torch.from_numpy(np.concatenate(parts)).long()  # (num_rows, G)
+        # per split, one row per task: [task id, (rule, offset, shared, per_row) per feature]: one lookup
+        self._split_draw = {
+            k: torch.cat([v[:, None].double(), draw_params[self.tasks[v]].flatten(1)], dim=1)
+            for k, v in self.task_ids.items()
+        }
+        # feature permutations: one per column, drawn as a row of a table when small enough
+        n_perms = math.factorial(num_features)
+        self._feature_perms = (
+            torch.tensor(list(itertools.permutations(range(num_features)))) if n_perms <= _PERM_TABLE_LIMIT else None
+        )
+        # ... and, for the default sizes, the G column permutations as one draw: row k of `_perm_slots` is
+        # the G x F permutations, then for each token (r, c, i) the offset perm[c, i]*G*G + r*G + c of its
+        # value in the problem's canonical F x G x G block
+        self._perm_slots: Tensor | None = None
+        if self._feature_perms is not None and n_perms**grid_size * self.seq_len <= _SLOT_TABLE_LIMIT:
+            combos = torch.cartesian_prod(*[torch.arange(n_perms)] * grid_size).reshape(-1, grid_size)
+            perms_KxGxF = self._feature_perms[combos]
+            r = torch.arange(grid_size)[None, :, None, None]
+            c = torch.arange(grid_size)[None, None, :, None]
+            slots = perms_KxGxF[:, None] * grid_size**2 + r * grid_size + c  # (K, G_r, G_c, F)
+            self._perm_slots = torch.cat([perms_KxGxF.flatten(1), slots.flatten(1)], dim=1)
+        self._device_cache: dict[torch.device, dict[str, Tensor]] = {}
 
     @property
     def num_tasks(self) -> int:
-        return math.comb(len(self.rule_names) + self.num_features - 1, self.num_features)
+        return len(self.tasks)
+
+    def _tables(self, device: torch.device) -> dict[str, Tensor]:
+        """Lookup tables on ``device``, copied once (no host-to-device copy per batch)."""
+        if device not in self._device_cache:
+            t = {
+                "row_table": self.row_table,
+                "one_hot": torch.eye(self.num_values),
+                **{f"draw_{k}": v for k, v in self._split_draw.items()},
+            }
+            if self._feature_perms is not None:
+                t["feature_perms"] = self._feature_perms
+            if self._perm_slots is not None:
+                t["perm_slots"] = self._perm_slots
+            self._device_cache[device] = {k: v.to(device) for k, v in t.items()}
+        return self._device_cache[device]
 
     # ------------------------------------------------------------------ generation
-    def canonical_grids(self, rules_BxF: Tensor, generator: torch.Generator) -> Tensor:
-        """Grids ``B x G x G x F`` (rows, columns, canonical features) following ``rules_BxF``.
+    def _draw(self, batch_size: int, split: str, generator: torch.Generator) -> dict[str, Tensor]:
+        """Task ids, rules, the rows each canonical feature takes and the feature permutation.
 
-        Rules 0-4 share one formula, ``(first + step * column) mod V`` with a per-feature step (0 for
-        constant); addition/subtraction complete random leading columns; distribute_three gathers
-        from G distinct symbols. Values are int16 until the end (half the memory traffic of int64).
-        """
-        dev = generator.device
-        b, f, g, v = rules_BxF.shape[0], self.num_features, self.grid_size, self.num_values
-        tables = self._tables(dev)
-        draws = torch.randint(v, (b, g, g, f), generator=generator, device=dev, dtype=torch.int16)
-        step_BxF = tables["steps"][rules_BxF]
-        col = torch.arange(g, device=dev, dtype=torch.int16)[None, None, :, None]
-        grid = (draws[:, :, :1] + step_BxF[:, None, None] * col).remainder_(v)  # rules 0-4
-        lead = draws[:, :, : g - 1]
-        sign = torch.where(rules_BxF == 6, -1, 1).to(torch.int16)[:, None, None]
-        last = (lead[:, :, :1] + sign * lead[:, :, 1:].sum(2, keepdim=True, dtype=torch.int16)).remainder_(v)
-        arith = torch.cat([lead, last], dim=2)
-        grid = torch.where(((rules_BxF == 5) | (rules_BxF == 6))[:, None, None], arith, grid)
-        if g <= v:  # distribute_three: G distinct values per feature, a permutation of them per row
-            symbols_BxGxF = _random_rows(
-                tables["symbols"],
-                (b, f),
-                generator,
-                lambda: torch.rand(b, f, v, generator=generator, device=dev).argsort(-1)[..., :g],
-            ).permute(0, 2, 1)
-            row_perm_BxGxGxF = _random_rows(
-                tables["row_perms"],
-                (b, g, f),
-                generator,
-                lambda: torch.rand(b, g, f, g, generator=generator, device=dev).argsort(-1),
-            ).permute(0, 1, 3, 2)
-            dist = torch.gather(symbols_BxGxF[:, None].expand(-1, g, -1, -1), 2, row_perm_BxGxGxF).to(torch.int16)
-            grid = torch.where((rules_BxF == 7)[:, None, None], dist, grid)
-        return grid.long()
-
-    def sample_problems(self, batch_size: int, split: str, generator: torch.Generator) -> dict[str, Tensor]:
-        """``grid`` (model's view), ``canonical``, ``rules``, ``perm``, ``task_id`` for fresh problems."""
+        ``rows[b, f, r]`` indexes ``row_table``: row r of canonical feature f. ``slots`` (when the
+        table of permutation tuples exists) holds, per token, the offset of its value in the
+        problem's canonical ``F x G x G`` block. Few, batch-wide ops: this runs every training step."""
         self.check_split(split)
         dev = generator.device
-        tables = self._tables(dev)
-        ids = tables[f"ids_{split}"]
-        task_id = ids[torch.randint(len(ids), (batch_size,), generator=generator, device=dev)]
-        rules = tables["tasks"][task_id]
-        canonical = self.canonical_grids(rules, generator)
-        g, f = self.grid_size, self.num_features
-        if self.permute_features:
-            perm = _random_rows(
-                tables["feature_perms"],
-                (batch_size, g),
-                generator,
-                lambda: torch.rand(batch_size, g, f, generator=generator, device=dev).argsort(-1),
-            )
+        tb = self._tables(dev)
+        b, f, g = batch_size, self.num_features, self.grid_size
+        draw_table = tb[f"draw_{split}"]
+        use_tuples = self.permute_features and "perm_slots" in tb
+        n_perm = 1 if use_tuples else g if self.permute_features and "feature_perms" in tb else 0
+        u = torch.rand(b, 1 + n_perm + f * (g + 1), generator=generator, device=dev, dtype=torch.float64)
+        draw = draw_table.index_select(0, u[:, 0].mul(len(draw_table)).long())
+        rule_BxF, offset_BxF, shared_BxF, per_row_BxF = draw[:, 1:].view(b, f, 4).unbind(-1)
+        u_feat = u[:, 1 + n_perm :].view(b, f, g + 1)
+        start_BxF = (u_feat[..., 0] * shared_BxF).floor_().mul_(per_row_BxF).add_(offset_BxF)  # shared: the set
+        rows_BxFxG = (u_feat[..., 1:] * per_row_BxF[..., None]).floor_().add_(start_BxF[..., None]).long()
+        out = {"task_id": draw[:, 0].long(), "rules": rule_BxF.long(), "rows": rows_BxFxG}
+        if use_tuples:
+            perm_slots = tb["perm_slots"].index_select(0, u[:, 1].mul(len(tb["perm_slots"])).long())
+            out["perm"], out["slots"] = perm_slots[:, : g * f].view(b, g, f), perm_slots[:, g * f :]
+        elif n_perm:
+            out["perm"] = tb["feature_perms"][(u[:, 1 : 1 + g] * len(tb["feature_perms"])).long()]
+        elif self.permute_features:  # too many permutations to tabulate: argsort of uniforms
+            out["perm"] = torch.rand(b, g, f, generator=generator, device=dev).argsort(-1)
         else:
-            perm = torch.arange(f, device=dev).expand(batch_size, g, f)
-        grid = torch.gather(canonical, 3, perm[:, None].expand(-1, g, -1, -1))
-        return {"grid": grid, "canonical": canonical, "rules": rules, "perm": perm, "task_id": task_id}
+            out["perm"] = torch.arange(f, device=dev).expand(b, g, f)
+        return out
+
+    def _canonical(self, rows_BxFxG: Tensor) -> Tensor:
+        """Canonical values ``B x F x G x G`` (feature, row, column)."""
+        b, f, g = rows_BxFxG.shape
+        return self._tables(rows_BxFxG.device)["row_table"].index_select(0, rows_BxFxG.flatten()).view(b, f, g, g)
+
+    def _grid(self, draw: dict[str, Tensor]) -> Tensor:
+        """Model's-view grid ``B x G x G x F``: ``grid[b, r, c, i] = canonical[b, perm[b, c, i], r, c]``."""
+        canonical_BxFxGxG = self._canonical(draw["rows"])
+        b, f, g, _ = canonical_BxFxGxG.shape
+        if "slots" in draw:  # one contiguous gather, the fastest way on CPU
+            return torch.gather(canonical_BxFxGxG.view(b, -1), 1, draw["slots"]).view(b, g, g, f)
+        perm = draw["perm"][:, None].expand(b, g, g, f)
+        return torch.gather(canonical_BxFxGxG.permute(0, 2, 3, 1), 3, perm)
+
+    def sample_problems(self, batch_size: int, split: str, generator: torch.Generator) -> dict[str, Tensor]:
+        """``grid`` (model's view), ``canonical`` (``B x G x G x F``), ``rules``, ``perm``, ``task_id``.
+
+        The same generator state gives the same problems as :meth:`sample`."""
+        d = self._draw(batch_size, split, generator)
+        return {
+            "grid": self._grid(d),
+            "canonical": self._canonical(d["rows"]).permute(0, 2, 3, 1),
+            "rules": d["rules"],
+            "perm": d["perm"],
+            "task_id": d["task_id"],
+        }
 
     def sample(self, batch_size: int, split: str, generator: torch.Generator) -> Batch:
-        p = self.sample_problems(batch_size, split, generator)
         if self.unambiguous_only:
             from hyla.tasks.sraven_ambiguity import resample_ambiguous
 
-            p = resample_ambiguous(self, p, split, generator)
-        return self.encode(p)
+            p = resample_ambiguous(self, self.sample_problems(batch_size, split, generator), split, generator)
+            return self.encode(p)
+        d = self._draw(batch_size, split, generator)
+        return self.encode({"grid": self._grid(d), **d})
 
-    def encode(self, p: dict[str, Tensor]) -> Batch:
-        grid = p["grid"]
-        b, g, f, v = grid.shape[0], self.grid_size, self.num_features, self.num_values
-        values_BxT = grid.reshape(b, g * g * f).clone()
-        values_BxT[:, (g * g - 1) * f :] = v  # query tokens: the all-zero row of the table below
-        inputs = F.embedding(values_BxT, self._tables(grid.device)["one_hot"])  # one lookup: fastest one-hot
-        info = {k: p[k] for k in ("grid", "rules", "perm", "task_id")}
-        return Batch(inputs, grid[:, g - 1, g - 1], info)
+    def encode(self, problems: dict[str, Tensor]) -> Batch:
+        """Model inputs from ``grid`` (see module docstring); ``info`` keeps grid, rules, perm, task_id."""
+        grid = problems["grid"]
+        b, f = grid.shape[0], self.num_features
+        inputs = F.embedding(grid.view(b, self.seq_len), self._tables(grid.device)["one_hot"])  # fastest one-hot
+        inputs[:, -f:] = 0  # query tokens
+        info = {k: problems[k] for k in ("grid", "rules", "perm", "task_id")}
+        return Batch(inputs, grid[:, -1, -1], info)
 
     # ------------------------------------------------------------------ objective
     def loss(self, outputs_BxTxO: Tensor, batch: Batch) -> Tensor:
@@ -208,32 +300,15 @@ class SRaven(Task):
         return F.cross_entropy(logits.reshape(-1, self.num_values), batch.targets.reshape(-1))
 
     def metrics(self, outputs_BxTxO: Tensor, batch: Batch) -> dict[str, Tensor]:
+        """``acc`` (all F answer features right), ``feature_acc`` (fraction right), ``loss`` (mean CE)."""
         logits = outputs_BxTxO[:, -self.num_features :]
         correct = logits.argmax(-1) == batch.targets
         ce = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none").mean(1)
         return {"loss": ce, "acc": correct.all(1).float(), "feature_acc": correct.float().mean(1)}
 
 
-_TABLE_LIMIT = 50_000
-
-
-def _permutation_table(n: int) -> Tensor | None:
-    """All permutations of ``range(n)`` (n! x n), or None when too many to tabulate."""
-    if math.factorial(n) > _TABLE_LIMIT:
-        return None
-    return torch.tensor(list(itertools.permutations(range(n))))
-
-
-def _ordered_subsets(v: int, g: int) -> Tensor | None:
-    """All ordered g-tuples of distinct values below v, or None when too many."""
-    if math.perm(v, g) > _TABLE_LIMIT:
-        return None
-    return torch.tensor(list(itertools.permutations(range(v), g)))
-
-
-def _random_rows(table: Tensor | None, shape: tuple[int, ...], generator: torch.Generator, fallback) -> Tensor:
-    """Uniform rows of ``table`` (shape + row), or ``fallback()`` when there is no table."""
-    if table is None:
-        return fallback()
-    idx = torch.randint(len(table), shape, generator=generator, device=generator.device)
-    return table[idx]
+def decode_inputs(inputs_BxTxV: Tensor, num_features: int, grid_size: int = 3) -> Tensor:
+    """Context panels ``B x (G*G-1) x F`` back from encoded inputs (inverse of the encoding)."""
+    b = inputs_BxTxV.shape[0]
+    context = inputs_BxTxV[:, : (grid_size * grid_size - 1) * num_features]
+    return context.argmax(-1).reshape(b, grid_size * grid_size - 1, num_features)
