@@ -4,7 +4,8 @@ For each T (batch B = batch_tokens / T, so B*T is fixed), H heads of d_head: for
 forward+backward of the core (q, k, v -> heads) for
 
 * ``hyla_reference`` (direct form, B*T*T*d hidden tensor), ``hyla_chunked`` (blocks of queries),
-  ``hyla_fused`` (the Triton kernel: not written yet, reported as such);
+  ``hyla_fused`` (the Triton kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``, where it is
+  reported as unavailable with the reason otherwise);
 * ``sdpa_softmax`` (``F.scaled_dot_product_attention``; FlashAttention on CUDA), ``eager_softmax``,
   ``linear`` (no normalization).
 
@@ -43,6 +44,10 @@ def _core(variant: str, chunk_size: int):
         return lambda q, k, v: hypernetwork_attention(q, k, v, hyla)[0]
     if variant == "hyla_chunked":
         return lambda q, k, v: chunked_hypernetwork_attention(q, k, v, hyla, chunk_size=chunk_size)
+    if variant == "hyla_fused":
+        from hyla.attention.kernels import fused_hypernetwork_attention
+
+        return lambda q, k, v: fused_hypernetwork_attention(q, k, v, hyla)
     if variant == "sdpa_softmax":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
     if variant == "eager_softmax":
@@ -64,8 +69,6 @@ def measure(
     chunk_size: int,
 ) -> dict:
     """Run in a fresh process: forward and forward+backward medians (ms) and peak memory (MB)."""
-    if variant == "hyla_fused":
-        return {"status": "not implemented"}
     b = max(1, batch_tokens // seq_len)
     dt = getattr(torch, dtype)
     gen = torch.Generator(device).manual_seed(0)
@@ -73,6 +76,13 @@ def measure(
         torch.randn(b, heads, seq_len, head_dim, generator=gen, device=device, dtype=dt).requires_grad_()
         for _ in range(3)
     )
+    if variant == "hyla_fused":
+        from hyla.attention import attention_preset
+        from hyla.attention.kernels import fused_unsupported_reason
+
+        reason = fused_unsupported_reason(q, k, v, attention_preset("hyla"))
+        if reason is not None:
+            return {"status": f"unavailable: {reason}"}
     fn = _core(variant, chunk_size)
     g = torch.randn(b, heads, seq_len, head_dim, generator=gen, device=device, dtype=dt)
     cuda = device.startswith("cuda")

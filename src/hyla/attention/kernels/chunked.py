@@ -34,7 +34,12 @@ def chunked_hypernetwork_attention(
     w_mid_HxDxD: Tensor | None = None,
     chunk_size: int = 256,
 ) -> Tensor:
-    """``y_BxHxQxD`` of :func:`hyla.attention.functional.hypernetwork_attention`, ``chunk_size`` queries at a time."""
+    """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention`, block by block.
+
+    ``chunk_size`` queries at a time (>= 1, else ValueError).
+    ``mask_Bx1xQxK`` (bool, True = may attend) and ``bias`` (broadcastable to ``BxHxQxK``) are sliced per
+    block of queries when they have a query dimension; ``w_mid_HxDxD`` is ``hyper_deep``'s extra layer.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     num_queries = q_BxHxQxE.shape[2]
