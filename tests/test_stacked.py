@@ -1,4 +1,5 @@
-"""Stacked runs (several seeds / learning rates in one vmapped model) equal the same runs trained alone."""
+"""Stacked runs (seeds / optimizer hyperparameters in one vmapped model) equal the same runs trained
+alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives the plain path's losses."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from hyla.cli import main
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
+from hyla.train.config import TrainConfig, load_config
+from hyla.train.fast import compile_mode, uses_cudagraphs
+from hyla.train.loop import NonFiniteLossError
+from hyla.train.stacked import StackedTrainer, stack_groups
 
 TINY = [
     "model.num_layers=2",
@@ -32,55 +39,64 @@ def metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+def train_losses(path: Path) -> list[float]:
+    return [r["loss"] for r in metrics(path) if r["split"] == "train_batch"]
+
+
 def assert_same_metrics(a: list[dict], b: list[dict], rel: float = 1e-4) -> None:
     assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
     for x, y in zip(a, b):
+        assert set(x) == set(y)
         for k in x:
             if k not in ("step", "split"):
                 assert x[k] == pytest.approx(y[k], rel=rel, abs=1e-6), (x["step"], x["split"], k)
+
+
+def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
+    assert main(["train", task, *TINY, *overrides, "--out", str(tmp / out), "--quiet"]) == 0
+    return tmp / out
 
 
 @pytest.mark.parametrize("task", ["sraven", "fuzzy_logic"])
 def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str) -> None:
     assert main(["train", task, *TINY, "--seeds", "0,3", "--out", str(tmp_path / "stack"), "--quiet"]) == 0
     for seed in (0, 3):
-        lone = tmp_path / f"lone{seed}"
-        assert (
-            main(["train", task, *TINY, f"seed={seed}", f"name={task}_seed{seed}", "--out", str(lone), "--quiet"]) == 0
-        )
         stacked = tmp_path / "stack" / f"seed{seed}"
-        assert_same_metrics(metrics(stacked), metrics(lone))
-        assert (stacked / "config.yaml").is_file() and list((stacked / "tb").iterdir())
-    losses = [
-        [r["loss"] for r in metrics(tmp_path / "stack" / f"seed{s}") if r["split"] == "train_batch"] for s in (0, 3)
-    ]
-    assert losses[0] != losses[1]  # different seeds really are different runs
+        alone = lone(tmp_path, task, f"lone{seed}", f"seed={seed}", f"name={task}_seed{seed}")
+        assert_same_metrics(metrics(stacked), metrics(alone))  # train losses and every eval split
+        # a complete, ordinary run directory: its own seed, tensorboard, lone-format checkpoints
+        assert yaml.safe_load((stacked / "config.yaml").read_text())["seed"] == seed
+        assert list((stacked / "tb").iterdir())
+        mine, theirs = load_checkpoint(latest_checkpoint(stacked)), load_checkpoint(latest_checkpoint(alone))
+        assert mine.step == theirs.step == 8 and mine.model.keys() == theirs.model.keys()
+        for k in mine.model:
+            torch.testing.assert_close(mine.model[k], theirs.model[k], rtol=1e-4, atol=1e-6)
+        assert mine.optimizer["param_groups"][0]["weight_decay"] == 0.1
+        assert [len(g["params"]) for g in mine.optimizer["param_groups"]] == [
+            len(g["params"]) for g in theirs.optimizer["param_groups"]
+        ]
+    assert train_losses(tmp_path / "stack" / "seed0") != train_losses(tmp_path / "stack" / "seed3")
 
 
-def test_sweep_of_learning_rates_matches_lone_runs(tmp_path: Path) -> None:
+def test_sweep_of_optimizer_hyperparameters_matches_lone_runs(tmp_path: Path) -> None:
+    """Per-run lr / weight decay / warmup (and gradient accumulation, for all) in one stack."""
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text("runs:\n  - {train.lr: 0.003}\n  - {train.lr: 0.0003, train.weight_decay: 0.3}\n")
-    assert main(["train", "fuzzy_logic", *TINY, "--sweep", str(sweep), "--out", str(tmp_path / "s"), "--quiet"]) == 0
-    dirs = sorted(p.name for p in (tmp_path / "s").iterdir())
-    assert dirs == ["lr0.0003_weight_decay0.3", "lr0.003"]
-    lone = tmp_path / "lone"
-    assert (
-        main(
-            [
-                "train",
-                "fuzzy_logic",
-                *TINY,
-                "train.lr=0.0003",
-                "train.weight_decay=0.3",
-                "name=fuzzy_logic_lr0.0003_weight_decay0.3",
-                "--out",
-                str(lone),
-                "--quiet",
-            ]
-        )
-        == 0
+    sweep.write_text(
+        "runs:\n  - {train.lr: 0.003}\n  - {train.lr: 0.0003, train.weight_decay: 0.3, train.warmup_steps: 3}\n"
     )
-    assert_same_metrics(metrics(tmp_path / "s" / "lr0.0003_weight_decay0.3"), metrics(lone))
+    common = ["train.grad_accum_steps=2", "train.steps=6"]
+    args = ["train", "fuzzy_logic", *TINY, *common, "--sweep", str(sweep), "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(args) == 0
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["lr0.0003_weight_decay0.3_warmup_steps3", "lr0.003"]
+    for name, overrides in (
+        ("lr0.003", ["train.lr=0.003"]),
+        (
+            "lr0.0003_weight_decay0.3_warmup_steps3",
+            ["train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=3"],
+        ),
+    ):
+        alone = lone(tmp_path, "fuzzy_logic", f"lone_{name}", *common, *overrides, f"name=fuzzy_logic_{name}")
+        assert_same_metrics(metrics(tmp_path / "s" / name), metrics(alone))
 
 
 def test_stacked_resume_and_lone_resume_of_a_stacked_run(tmp_path: Path) -> None:
@@ -91,34 +107,83 @@ def test_stacked_resume_and_lone_resume_of_a_stacked_run(tmp_path: Path) -> None
     assert load_checkpoint(latest_checkpoint(part / "seed0")).step == 5
     assert main(["train", "sraven", *TINY, "--seeds", "0,1", "--out", str(part), "--quiet", "--resume"]) == 0
     for s in (0, 1):
-        assert_same_metrics(metrics(part / f"seed{s}"), metrics(full / f"seed{s}"), rel=1e-5)
+        assert_same_metrics(metrics(part / f"seed{s}"), metrics(full / f"seed{s}"), rel=1e-6)
     # a stacked run directory is an ordinary one: the lone trainer continues it
-    lone = tmp_path / "lone"
-    assert main(["train", "sraven", *TINY, "--seeds", "1", "--out", str(lone), "--quiet", "--stop-at-step", "3"]) == 0
-    assert (
-        main(
-            [
-                "train",
-                "sraven",
-                *TINY,
-                "seed=1",
-                "name=sraven_seed1",
-                "--out",
-                str(lone / "seed1"),
-                "--resume",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
-    assert_same_metrics(metrics(lone / "seed1"), metrics(full / "seed1"))
-    assert load_checkpoint(latest_checkpoint(lone / "seed1")).step == 8
+    one = tmp_path / "one"
+    assert main(["train", "sraven", *TINY, "--seeds", "1", "--out", str(one), "--quiet", "--stop-at-step", "3"]) == 0
+    resume = ["train", "sraven", *TINY, "seed=1", "name=sraven_seed1", "--out", str(one / "seed1"), "--resume"]
+    assert main([*resume, "--quiet"]) == 0
+    assert_same_metrics(metrics(one / "seed1"), metrics(full / "seed1"))
+    assert load_checkpoint(latest_checkpoint(one / "seed1")).step == 8
 
 
-def test_unstackable_runs_are_refused(tmp_path: Path, capsys) -> None:
+def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsys) -> None:
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text("runs:\n  - {model.num_layers: 1}\n  - {model.num_layers: 2}\n")
-    assert main(["train", "sraven", *TINY, "--sweep", str(sweep), "--out", str(tmp_path / "x"), "--quiet"]) == 2
-    assert "these differ too: model.num_layers" in capsys.readouterr().err
-    assert main(["train", "sraven", *TINY, "--seeds", "0,a", "--out", str(tmp_path / "y"), "--quiet"]) == 2
+    sweep.write_text("grid:\n  model.num_layers: [1, 2]\n  train.lr: [0.001, 0.003]\n")
+    assert main(["train", "sraven", *TINY, "--sweep", str(sweep), "--out", str(tmp_path / "x"), "--quiet"]) == 0
+    assert "4 runs in 2 groups" in capsys.readouterr().out
+    run = tmp_path / "x" / "num_layers1_lr0.003"
+    alone = lone(tmp_path, "sraven", "alone", "model.num_layers=1", "train.lr=0.003", "name=sraven_num_layers1_lr0.003")
+    assert_same_metrics(metrics(run), metrics(alone))
+    cfgs = [load_config("sraven", o) for o in ([], ["seed=1"], ["model.num_layers=2"], ["model.moe_experts=2"])]
+    assert stack_groups(cfgs) == [[0, 1], [2], [3]]  # MoE: alone
+
+
+def test_bad_input_is_refused_with_the_parameter_named(tmp_path: Path, capsys) -> None:
+    out = str(tmp_path / "y")
+    assert main(["train", "sraven", *TINY, "--seeds", "0,a", "--out", out, "--quiet"]) == 2
     assert "--seeds must be comma-separated integers" in capsys.readouterr().err
+    assert main(["train", "sraven", *TINY, "--seeds", "1,1", "--out", out, "--quiet"]) == 2
+    assert "--seeds must list distinct integers" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [1, 2]\n")
+    assert main(["train", "sraven", *TINY, "--sweep", str(bad), "--out", out, "--quiet"]) == 2
+    assert "expected a mapping with 'runs'" in capsys.readouterr().err
+    assert main(["train", "sraven", *TINY, "--seeds", "0,1", "--out", out, "--resume", "--quiet"]) == 2
+    assert "--resume: no checkpoint in" in capsys.readouterr().err
+    cfgs = [load_config("sraven", TINY), load_config("sraven", [*TINY, "model.num_layers=1"])]
+    with pytest.raises(ValueError, match=r"these differ too: model\.num_layers"):
+        StackedTrainer(cfgs, [tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(ValueError, match="out_dirs must hold one directory per run"):
+        StackedTrainer(cfgs[:1], [tmp_path / "a", tmp_path / "b"])
+
+
+def test_nonfinite_loss_in_one_run_stops_the_stack_naming_it(tmp_path: Path) -> None:
+    cfgs = [load_config("fuzzy_logic", [*TINY, "train.log_every=1", f"seed={s}", f"name=run{s}"]) for s in (0, 1)]
+    trainer = StackedTrainer(cfgs, [tmp_path / "r0", tmp_path / "r1"], quiet=True)
+    real_step = trainer.train_step
+
+    def poisoned_step() -> None:
+        if trainer.step == 6:  # before the 7th update
+            with torch.no_grad():
+                trainer.flat_RxN[1, 0] = float("nan")
+        real_step()
+
+    trainer.train_step = poisoned_step  # type: ignore[method-assign]
+    with pytest.raises(NonFiniteLossError, match=r"run1 \(step 7\)"):
+        trainer.run()
+    trainer.close()
+    assert latest_checkpoint(tmp_path / "r1").name == "step-000000004"
+    assert all(torch.isfinite(v).all() for v in load_checkpoint(latest_checkpoint(tmp_path / "r1")).model.values())
+
+
+def test_fast_mode_resolves_per_device() -> None:
+    fast, plain = TrainConfig(fast=True), TrainConfig()
+    assert compile_mode(fast, "cuda") == "reduce-overhead" and uses_cudagraphs("reduce-overhead", "cuda")
+    assert compile_mode(fast, "cpu") == "default" and not uses_cudagraphs("default", "cpu")
+    assert compile_mode(fast, "cuda", distributed=True) == "default"  # no CUDA graphs under DDP
+    assert compile_mode(TrainConfig(fast=True, compile_mode="max-autotune"), "cpu") == "max-autotune-no-cudagraphs"
+    assert compile_mode(plain, "cuda") is None
+    assert compile_mode(TrainConfig(compile=True, compile_mode="reduce-overhead"), "cuda") == "reduce-overhead"
+
+
+def test_fast_path_gives_the_plain_path_losses(tmp_path: Path) -> None:
+    """On CPU ``train.fast`` is torch.compile vs eager: same losses for a lone and a stacked run."""
+    small = ["model.num_layers=1", "train.steps=4", "train.log_every=1", "train.eval_every=4"]
+    plain = lone(tmp_path, "fuzzy_logic", "plain", *small, "seed=1", "name=fuzzy_logic_seed1")
+    fast = lone(tmp_path, "fuzzy_logic", "fast", *small, "seed=1", "name=fuzzy_logic_seed1", "train.fast=true")
+    args = ["train", "fuzzy_logic", *TINY, *small, "train.fast=true", "--seeds", "0,1", "--out", str(tmp_path / "s")]
+    assert main([*args, "--quiet"]) == 0
+    assert len(train_losses(plain)) == 4
+    assert train_losses(fast) == pytest.approx(train_losses(plain), rel=1e-4)
+    assert_same_metrics(metrics(tmp_path / "s" / "seed1"), metrics(plain))

@@ -9,62 +9,14 @@ from pathlib import Path
 from hyla.train.checkpoint import CheckpointError
 
 
-def stacked_configs(args: argparse.Namespace) -> tuple[list, list[Path]]:
-    """Configs and run directories for ``--seeds`` / ``--sweep`` (runs stacked in one process)."""
-    import yaml
-
-    from hyla.train.config import load_config
-
-    sets: list[tuple[str, list[str]]] = []
-    if args.seeds:
-        try:
-            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-        sets = [(f"seed{s}", [f"seed={s}"]) for s in seeds]
-    if args.sweep:
-        spec = yaml.safe_load(Path(args.sweep).read_text()) or {}
-        entries = spec.get("runs") if isinstance(spec, dict) else None
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ValueError(f"{args.sweep}: expected a mapping with a list 'runs' of override mappings")
-        base = sets or [("", [])]
-        sets = [
-            (
-                "_".join(x for x in (b_name, "_".join(f"{k.split('.')[-1]}{v}" for k, v in e.items())) if x),
-                [*b_over, *(f"{k}={v}" for k, v in e.items())],
-            )
-            for b_name, b_over in base
-            for e in entries
-        ]
-    cfgs, outs = [], []
-    for name, overrides in sets:
-        cfg = load_config(args.config, [*args.overrides, *overrides])
-        cfg.name = f"{cfg.name}_{name}"
-        cfgs.append(cfg)
-        outs.append(Path(args.out) / name)
-    return cfgs, outs
-
-
 def run(args: argparse.Namespace) -> int:
     from hyla.train.config import load_config
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 
-    if args.seeds or args.sweep:
-        from hyla.train.stacked import StackedTrainer
+    if args.seeds or args.sweep:  # several runs stacked in one process: hyla.train.stacked
+        from hyla.train.stacked import run_cli
 
-        try:
-            cfgs, outs = stacked_configs(args)
-            trainer_ = StackedTrainer(
-                cfgs, outs, device=args.device, resume=args.resume, quiet=args.quiet, stop_at_step=args.stop_at_step
-            )
-            results = trainer_.run()
-        except (ValueError, CheckpointError) as err:
-            print(f"hyla train: error: {err}", file=sys.stderr)
-            return 2
-        metric = trainer_.task.primary_metric
-        for out, res in zip(outs, results if trainer_.step >= cfgs[0].train.steps else []):
-            print(f"{out}: " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in res.items()))
-        return 0
+        return run_cli(args)
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -115,7 +67,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", help="e.g. 0,1,2: train these seeds together as one stacked model (OUT/seedN)")
     p.add_argument(
         "--sweep",
-        help="YAML with 'runs: [{train.lr: 3e-4}, ...]': stacked runs differing in seed, train.lr, train.weight_decay",
+        metavar="FILE.yaml",
+        help="'runs: [{train.lr: 3e-4}, ...]' and/or 'grid: {train.lr: [1e-3, 3e-4]}': one run per override set "
+        "(OUT/lr0.0003 ...), stacked when they differ only in seed and optimizer hyperparameters",
     )
 
 

@@ -67,6 +67,7 @@ class TrainConfig:
     compile: bool = False
     compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
     tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
+    fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.fast
 
 
 @dataclass

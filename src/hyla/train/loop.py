@@ -33,6 +33,7 @@ from hyla.train.checkpoint import (
     save_checkpoint,
 )
 from hyla.train.config import ExperimentConfig, dump_config
+from hyla.train.fast import compile_mode, uses_cudagraphs
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = ("train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every")
@@ -187,8 +188,10 @@ class Trainer:
             self.forward_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None
             )
-        if cfg.train.compile:
-            self.forward_model = torch.compile(self.forward_model, mode=cfg.train.compile_mode)  # type: ignore[assignment]
+        mode = compile_mode(cfg.train, self.device, distributed=self.dist.world > 1)  # train.compile / train.fast
+        self._cudagraphs = uses_cudagraphs(mode, self.device)
+        if mode is not None:
+            self.forward_model = torch.compile(self.forward_model, mode=mode)  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
             torch.backends.cudnn.allow_tf32 = cfg.train.tf32
@@ -338,6 +341,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
+            if self._cudagraphs:  # the previous forward's CUDA-graph outputs are no longer needed
+                torch.compiler.cudagraph_mark_step_begin()
             batch = self.task.sample(t.batch_size // self.dist.world // accum, "train", self.data_gen)
             last = micro == accum - 1
             ddp = isinstance(self.forward_model, nn.parallel.DistributedDataParallel)

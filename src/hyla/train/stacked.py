@@ -1,44 +1,84 @@
 """Several independent runs in one process: R models stacked along a leading run dimension.
 
-Runs may differ in ``seed``, ``name``, ``train.data_seed``, ``train.lr`` and ``train.weight_decay``
-(everything else, the architecture above all, must agree). Each run ``r``:
+``hyla train CONFIG --seeds 0,1,2 --out DIR`` (runs ``DIR/seed0`` ...) and ``--sweep FILE.yaml``
+train here. Runs may differ in :data:`STACKABLE_KEYS` (seed, data seed, and the optimizer's
+hyperparameters); runs that differ in anything else are split into groups trained one after
+another (:func:`stack_groups`). Each run ``r`` of a stack
 
-* is initialized exactly as a lone run with its seed (the R models are built one by one, then
-  their parameters stacked with ``torch.func.stack_module_state``);
-* draws its data from its own generator, seeded as a lone run's, so it sees the same problems;
-* is updated by AdamW with its own learning rate and weight decay (the arithmetic of
-  ``torch.optim.AdamW``, applied to the stacked tensors);
-* writes an ordinary run directory (``config.yaml``, ``metrics.jsonl``, ``tb/``, checkpoints with
-  the optimizer state in ``torch.optim.AdamW``'s format), which ``hyla report`` reads, and which
-  ``hyla train --resume`` can even continue alone.
+* is initialized exactly as the lone run with its seed (the R models are built one by one);
+* draws its problems from its own generator, seeded as the lone run's, so it sees the same data;
+* is updated by AdamW with its own learning-rate schedule and weight decay, with the arithmetic of
+  ``torch.optim.AdamW`` (weight decay on the lone model's >= 2-D parameters only);
+* writes an ordinary run directory (``config.yaml``, ``metrics.jsonl``, ``tb/``, checkpoints whose
+  optimizer state is in ``torch.optim.AdamW``'s format) that ``hyla report`` reads and that
+  ``hyla train --resume`` continues, stacked or alone.
 
-The forward is ``torch.func.vmap`` over ``functional_call``: one call runs all R models, which
-amortizes the per-operator overhead that dominates these tiny models. Numerically a stacked run
-equals its lone run up to floating-point reordering (tested: same losses within 1e-4).
+The forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call runs
+all R models, so a GPU step launches the kernels of one run, each R times wider. The R runs'
+parameters are views into one ``R x N`` tensor, so the optimizer is ~8 elementwise kernels for all
+parameters of all runs, with per-run learning rates and weight decays as ``R x 1`` tensors read
+from a schedule table on the device (no host-to-device copy, no host synchronization per step).
+``train.fast`` compiles the vmapped model as for a lone run (:mod:`hyla.train.fast`).
+A stacked run equals its lone run up to floating-point reordering (tests: losses within 1e-4).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import itertools
 import json
 import math
+import os
+import signal
+import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
-from torch.func import functional_call, stack_module_state, vmap
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
 
-from hyla.train.checkpoint import CheckpointError, TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
-from hyla.train.config import ExperimentConfig, dump_config
-from hyla.train.loop import build_model, build_optimizer, build_task, lr_at
+from hyla.tasks.base import Batch
+from hyla.train.checkpoint import (
+    CheckpointError,
+    TrainingState,
+    config_differences,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hyla.train.config import ExperimentConfig, dump_config, load_config
+from hyla.train.fast import compile_mode, uses_cudagraphs
+from hyla.train.loop import (
+    RESUMABLE_CHANGES,
+    Interrupted,
+    NonFiniteLossError,
+    Trainer,
+    build_model,
+    build_optimizer,
+    build_task,
+    lr_at,
+)
 
-STACKABLE_KEYS = ("seed", "name", "train.data_seed", "train.lr", "train.weight_decay")
-BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW defaults, as the lone trainer uses
+#: config keys in which the runs of one stack may differ
+STACKABLE_KEYS = (
+    "seed",
+    "name",
+    "train.data_seed",
+    "train.lr",
+    "train.weight_decay",
+    "train.warmup_steps",
+    "train.final_lr_fraction",
+)
+BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults, which the lone trainer uses
+SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and copied to the device
 
 
+# ------------------------------------------------------------------------------ which runs stack
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -46,7 +86,24 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
+    """Why a run cannot be part of a stack (it is then trained alone), or None."""
+    if cfg.data.task == "text":
+        return "data.task=text (language-model runs are trained one by one)"
+    if cfg.model.moe_experts:
+        return "model.moe_experts > 0 (the MoE auxiliary loss is per model)"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return "launched with torchrun (stacked runs use one process)"
+    return None
+
+
 def check_stackable(cfgs: list[ExperimentConfig]) -> None:
+    """Raise ValueError unless the runs can be trained as one stack."""
+    if not cfgs:
+        raise ValueError("cfgs must hold at least one run")
+    reason = not_stackable_reason(cfgs[0])
+    if reason:
+        raise ValueError(f"these runs cannot be stacked: {reason}")
     base = _flat(cfgs[0].to_dict())
     for cfg in cfgs[1:]:
         other = _flat(cfg.to_dict())
@@ -54,23 +111,57 @@ def check_stackable(cfgs: list[ExperimentConfig]) -> None:
         if bad:
             raise ValueError(
                 f"runs can be stacked only if they differ in {', '.join(STACKABLE_KEYS)}; these differ too: "
-                f"{', '.join(bad)} (train them as separate runs)"
+                f"{', '.join(bad)} (train them as separate stacks)"
             )
-    if cfgs[0].model.moe_experts:
-        raise ValueError("stacked runs do not support model.moe_experts > 0 yet; train MoE runs one by one")
 
 
+def stack_groups(cfgs: list[ExperimentConfig]) -> list[list[int]]:
+    """Indices of ``cfgs`` grouped into stacks (in order of first appearance); a run that cannot be
+    stacked at all (:func:`not_stackable_reason`) forms a group of its own."""
+    groups: dict[str, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        if not_stackable_reason(cfg):
+            groups[f"alone{i}"] = [i]
+            continue
+        key = json.dumps({k: v for k, v in sorted(_flat(cfg.to_dict()).items()) if k not in STACKABLE_KEYS})
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+# ------------------------------------------------------------------------------ the trainer
 @dataclass
 class _Run:
     cfg: ExperimentConfig
     out: Path
     gen: torch.Generator
-    acc: dict[str, float]
     writer: Any = None
 
 
+@dataclass
+class _Slot:
+    """Where one parameter of the lone model lives in the ``R x N`` parameter tensor."""
+
+    name: str
+    offset: int
+    numel: int
+    shape: torch.Size
+
+
+def _concat(batches: list[Batch]) -> Batch:
+    """The R runs' batches as one batch of R*B problems (run-major)."""
+    return Batch(
+        torch.cat([b.inputs for b in batches]),
+        torch.cat([b.targets for b in batches]),
+        {k: torch.cat([b.info[k] for b in batches]) for k in batches[0].info},
+    )
+
+
 class StackedTrainer:
-    """Train ``len(cfgs)`` runs at once; ``out_dirs[r]`` receives run ``r``."""
+    """Train ``len(cfgs)`` runs at once; ``out_dirs[r]`` receives run ``r``.
+
+    ``run()`` trains to ``train.steps`` with the lone :class:`~hyla.train.loop.Trainer`'s logging,
+    evaluation, checkpointing, ``stop_at_step``, NaN check and signal handling.
+    """
 
     def __init__(
         self,
@@ -82,110 +173,218 @@ class StackedTrainer:
         quiet: bool = False,
         stop_at_step: int | None = None,
     ) -> None:
-        if len(cfgs) != len(out_dirs) or not cfgs:
-            raise ValueError("give one output directory per run")
+        if len(cfgs) != len(out_dirs):
+            raise ValueError(f"out_dirs must hold one directory per run: {len(cfgs)} runs, {len(out_dirs)} dirs")
+        if len({Path(p).resolve() for p in out_dirs}) != len(out_dirs):
+            raise ValueError(f"out_dirs must be distinct, got {[str(p) for p in out_dirs]}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
         check_stackable(cfgs)
         self.device = torch.device(device)
         self.quiet, self.stop_at_step = quiet, stop_at_step
+        self.cfg = cfgs[0]
         self.task = build_task(cfgs[0])
-        models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]
+        models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]  # seeds as the lone runs
         for cfg in cfgs:
             cfg.validate()
+        num_runs = len(cfgs)
         self.template = copy.deepcopy(models[0])
-        params, buffers = stack_module_state(models)
-        self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-        self.buffers = buffers
-        self.decay = {k: v.ndim >= 3 for k, v in self.params.items()}  # >= 2-D in the lone model
-        self.exp_avg = {k: torch.zeros_like(v) for k, v in self.params.items()}
-        self.exp_avg_sq = {k: torch.zeros_like(v) for k, v in self.params.items()}
-        self.step = 0
+
+        # parameters: decayed ones (>= 2-D in the lone model) first, each run's a row of flat_RxN
+        named = list(self.template.named_parameters())
+        ordered = [n for n, p in named if p.ndim >= 2] + [n for n, p in named if p.ndim < 2]
+        shapes = dict(named)
+        self.slots: list[_Slot] = []
+        offset = 0
+        for name in ordered:
+            self.slots.append(_Slot(name, offset, shapes[name].numel(), shapes[name].shape))
+            offset += shapes[name].numel()
+        self.num_decayed = sum(s.numel for s in self.slots if len(s.shape) >= 2)
+        with torch.no_grad():
+            rows = [dict(m.named_parameters()) for m in models]
+            self.flat_RxN = torch.stack([torch.cat([r[s.name].reshape(-1) for s in self.slots]) for r in rows])
+        self.params: dict[str, nn.Parameter] = {
+            s.name: nn.Parameter(self.flat_RxN[:, s.offset : s.offset + s.numel].view(num_runs, *s.shape))
+            for s in self.slots
+        }
+        self._param_list = list(self.params.values())
+        self.buffers: dict[str, Tensor] = {
+            name: torch.stack([dict(m.named_buffers())[name] for m in models])
+            for name, _ in self.template.named_buffers()
+        }
+        self.exp_avg_RxN = torch.zeros_like(self.flat_RxN)
+        self.exp_avg_sq_RxN = torch.zeros_like(self.flat_RxN)
+        del models, rows
+
         self.runs = [
-            _Run(cfg, Path(out), torch.Generator(self.device).manual_seed(cfg.data_seed * 1009), {})
+            _Run(cfg, Path(out), torch.Generator(self.device).manual_seed(cfg.data_seed * 1009))
             for cfg, out in zip(cfgs, out_dirs)
         ]
-        self.cfg = cfgs[0]
+        self.step = 0
+        self._n = 0  # steps accumulated into the runs' train metrics since the last log
+        self._acc_R: dict[str, Tensor] = {}  # metric -> R sums of per-step means since the last log
+        self._nonfinite_R = torch.full((num_runs,), -1, dtype=torch.long, device=self.device)
+        self._schedule_chunk = -1
+        self._schedule_SxRx2 = torch.empty(0)
+        self._stop_signal: int | None = None
+
         positions = self.task.num_output_positions
+        template = self.template
 
-        def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
-            return functional_call(self.template, (p, b), (x,), {"last_positions": positions})
+        def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
+            return functional_call(template, (p, b), (x,), {"last_positions": positions})
 
-        self._forward = vmap(forward, in_dims=(0, 0, 0))
-        self._forward_shared = vmap(forward, in_dims=(0, 0, None))
-        if self.cfg.train.compile:
-            self._forward = torch.compile(self._forward, mode=self.cfg.train.compile_mode)
+        self._forward_train = vmap(one_run, in_dims=(0, 0, 0))  # each run its own batch
+        self._forward_eval = vmap(one_run, in_dims=(0, 0, None))  # one batch for all runs
+        mode = compile_mode(self.cfg.train, self.device)
+        self._cudagraphs = uses_cudagraphs(mode, self.device)
+        if mode is not None:
+            self._forward_train = torch.compile(self._forward_train, mode=mode)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.cfg.train.tf32
+            torch.backends.cudnn.allow_tf32 = self.cfg.train.tf32
+
         if resume:
             self._restore()
         else:
             for run in self.runs:
                 if latest_checkpoint(run.out) is not None or (run.out / "metrics.jsonl").exists():
-                    raise CheckpointError(f"{run.out} already holds a run; pass --resume or choose another --out")
+                    raise CheckpointError(
+                        f"{run.out} already holds a run; pass --resume to continue it or choose another --out"
+                    )
+        from torch.utils.tensorboard import SummaryWriter
+
         for run in self.runs:
             run.out.mkdir(parents=True, exist_ok=True)
             (run.out / "config.yaml").write_text(dump_config(run.cfg))
-            from torch.utils.tensorboard import SummaryWriter
-
             run.writer = SummaryWriter(str(run.out / "tb"))
 
+    @property
+    def num_runs(self) -> int:
+        return len(self.runs)
+
     # --------------------------------------------------------------------------- optimizer
-    def _hyper(self, name: str) -> tuple[Tensor, Tensor]:
-        """Per-run learning rate and weight decay, shaped to broadcast against parameter ``name``."""
-        shape = (len(self.runs),) + (1,) * (self.params[name].ndim - 1)
-        lr = torch.tensor([lr_at(self.step, r.cfg) for r in self.runs], device=self.device).view(shape)
-        wd = torch.tensor(
-            [r.cfg.train.weight_decay if self.decay[name] else 0.0 for r in self.runs], device=self.device
-        ).view(shape)
-        return lr, wd
+    def _schedule(self, step: int) -> tuple[Tensor, Tensor]:
+        """Per-run ``1 - lr * wd`` and ``-lr / (1 - beta1^t)`` at ``step`` (each ``R x 1``, float32).
+
+        Computed in float64 on the host as ``torch.optim.AdamW`` does, rounded to float32 as its
+        kernels do, for ``SCHEDULE_CHUNK`` steps at a time; a step reads a view of the device table.
+        """
+        chunk = step // SCHEDULE_CHUNK
+        if chunk != self._schedule_chunk:
+            rows = []
+            for s in range(chunk * SCHEDULE_CHUNK, (chunk + 1) * SCHEDULE_CHUNK):
+                bias_correction1 = 1 - BETA1 ** (s + 1)
+                lrs = [lr_at(s, r.cfg) for r in self.runs]
+                rows.append(
+                    [[1 - lr * r.cfg.train.weight_decay, -(lr / bias_correction1)] for lr, r in zip(lrs, self.runs)]
+                )
+            table = torch.tensor(rows, dtype=torch.float32)
+            if self.device.type == "cuda":
+                table = table.pin_memory()
+            self._schedule_SxRx2 = table.to(self.device, non_blocking=True)
+            self._schedule_chunk = chunk
+        row_Rx2 = self._schedule_SxRx2[step - chunk * SCHEDULE_CHUNK]
+        return row_Rx2[:, 0:1], row_Rx2[:, 1:2]
 
     @torch.no_grad()
-    def _adamw_step(self) -> None:
-        """The update of ``torch.optim.AdamW`` (single-tensor form), per run."""
+    def _adamw_step(self, grad_RxN: Tensor) -> None:
+        """``torch.optim.AdamW``'s update (single-tensor arithmetic) of all runs' parameters at once."""
+        decay_Rx1, neg_step_size_Rx1 = self._schedule(self.step)
         t = self.step + 1
-        bc1, bc2_sqrt = 1 - BETAS[0] ** t, math.sqrt(1 - BETAS[1] ** t)
-        for name, p in self.params.items():
-            g = p.grad
-            lr, wd = self._hyper(name)
-            p.mul_(1 - lr * wd)
-            self.exp_avg[name].lerp_(g, 1 - BETAS[0])
-            self.exp_avg_sq[name].mul_(BETAS[1]).addcmul_(g, g, value=1 - BETAS[1])
-            denom = (self.exp_avg_sq[name].sqrt() / bc2_sqrt).add_(EPS)
-            p.sub_(lr / bc1 * self.exp_avg[name] / denom)
-            p.grad = None
+        bias_correction2_sqrt = (1 - BETA2**t) ** 0.5
+        p, m, v = self.flat_RxN, self.exp_avg_RxN, self.exp_avg_sq_RxN
+        p[:, : self.num_decayed].mul_(decay_Rx1)
+        m.lerp_(grad_RxN, 1 - BETA1)
+        v.mul_(BETA2).addcmul_(grad_RxN, grad_RxN, value=1 - BETA2)
+        denom = (v.sqrt() / bias_correction2_sqrt).add_(EPS)
+        p.addcdiv_(m * neg_step_size_Rx1, denom)
 
     # --------------------------------------------------------------------------- steps
+    def _autocast(self) -> Any:
+        if not self.cfg.train.bf16:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def train_step(self) -> None:
-        batches = [self.task.sample(r.cfg.train.batch_size, "train", r.gen) for r in self.runs]
-        out = self._forward(self.params, self.buffers, torch.stack([b.inputs for b in batches]))
-        losses = torch.stack([self.task.loss(out[i], b) for i, b in enumerate(batches)])
-        losses.sum().backward()  # runs share no parameters: each gets its own gradient
-        self._adamw_step()
-        with torch.no_grad():
-            for i, (run, batch) in enumerate(zip(self.runs, batches)):
-                m = self.task.metrics(out[i].detach(), batch)
-                for k in ("loss", self.task.primary_metric):
-                    run.acc[k] = run.acc.get(k, torch.zeros((), dtype=torch.float64)) + m[k].double().mean()
-                run.acc["_n"] = run.acc.get("_n", 0) + 1
+        """One optimizer step of every run; no host synchronization."""
+        t = self.cfg.train
+        r_count, accum = self.num_runs, t.grad_accum_steps
+        grad_RxN: Tensor | None = None
+        for _ in range(accum):
+            if self._cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            batches = [self.task.sample(t.batch_size // accum, "train", run.gen) for run in self.runs]
+            x_RxBx = torch.stack([b.inputs for b in batches])
+            batch = _concat(batches)
+            with self._autocast():
+                out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx)
+                out = out_RxBxPxO.flatten(0, 1).float()
+                # the task loss is a mean over problems: R x (mean over R*B) sums the runs' own losses
+                loss = self.task.loss(out, batch) * r_count
+            grads = torch.autograd.grad(loss / accum, self._param_list, allow_unused=True, materialize_grads=True)
+            g_RxN = torch.cat([g.reshape(r_count, -1) for g in grads], dim=1)
+            grad_RxN = g_RxN if grad_RxN is None else grad_RxN.add_(g_RxN)
+            with torch.no_grad():
+                m = self.task.metrics(out.detach(), batch)
+                per_run = {k: m[k].double().view(r_count, -1).mean(1) for k in ("loss", self.task.primary_metric)}
+                bad_R = ~torch.isfinite(per_run["loss"])
+                self._nonfinite_R = torch.where(bad_R & (self._nonfinite_R < 0), self.step + 1, self._nonfinite_R)
+                for k, v_R in per_run.items():
+                    self._acc_add(k, v_R / accum)
+        assert grad_RxN is not None
+        self._adamw_step(grad_RxN)
+        self._n += 1
         self.step += 1
-        if not torch.isfinite(losses).all():
-            bad = [r.cfg.name for r, ok in zip(self.runs, torch.isfinite(losses).tolist()) if not ok]
-            raise RuntimeError(f"loss became NaN/inf at step {self.step} in run(s) {', '.join(bad)}; stopped")
+
+    def _acc_add(self, key: str, value_R: Tensor) -> None:
+        self._acc_R[key] = self._acc_R[key] + value_R if key in self._acc_R else value_R
+
+    def _flush_train_metrics(self) -> list[dict[str, float]]:
+        """Mean train metrics per run since the last log (one host read for all runs)."""
+        if not self._acc_R or self._n == 0:
+            return [{} for _ in self.runs]
+        keys = sorted(self._acc_R)
+        values = (torch.stack([self._acc_R[k] for k in keys], dim=1) / float(self._n)).tolist()
+        self._acc_R, self._n = {}, 0
+        return [dict(zip(keys, row)) for row in values]
+
+    def _check_finite(self) -> None:
+        bad = [(run, s) for run, s in zip(self.runs, self._nonfinite_R.tolist()) if s >= 0]
+        if bad:
+            where = ", ".join(f"{run.cfg.name} (step {s})" for run, s in bad)
+            raise NonFiniteLossError(
+                f"loss became NaN/inf in {where}; stopped all {self.num_runs} stacked runs. The last good "
+                f"checkpoints ({latest_checkpoint(bad[0][0].out) or 'none yet'}, ...) are kept; lower train.lr "
+                "or try train.bf16=false"
+            )
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, dict[str, float]]]:
+        """Per run: mean per-problem metrics over ``eval_size`` problems of every split (the lone
+        trainer's problems: generators seeded ``eval_seed * 101 + split index``)."""
         t = self.cfg.train
+        self.template.eval()
         results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
         for i, split in enumerate(self.task.splits):
             gen = torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i)
-            sums: list[dict[str, Tensor]] = [{} for _ in self.runs]
+            sums: dict[str, Tensor] = {}
             count = 0
             for b in range(math.ceil(t.eval_size / t.eval_batch_size)):
-                batch = self.task.sample(min(t.eval_batch_size, t.eval_size - b * t.eval_batch_size), split, gen)
-                out = self._forward_shared(self.params, self.buffers, batch.inputs)
-                for r in range(len(self.runs)):
-                    for k, v in self.task.metrics(out[r], batch).items():
-                        sums[r][k] = sums[r].get(k, 0) + v.double().sum()
-                count += len(batch.inputs)
-            for r in range(len(self.runs)):
-                results[r][split] = {k: (v / count).item() for k, v in sorted(sums[r].items())}
+                n = min(t.eval_batch_size, t.eval_size - b * t.eval_batch_size)
+                batch = self.task.sample(n, split, gen)
+                with self._autocast():
+                    out_RxBxPxO = self._forward_eval(self.params, self.buffers, batch.inputs)
+                per_run = [self.task.metrics(out_RxBxPxO[r].float(), batch) for r in range(self.num_runs)]
+                for k in per_run[0]:
+                    s_R = torch.stack([m[k].double().sum() for m in per_run])
+                    sums[k] = sums[k] + s_R if k in sums else s_R
+                count += n
+            keys = sorted(sums)
+            table = (torch.stack([sums[k] for k in keys], dim=1) / float(count)).tolist()
+            for r, row in enumerate(table):
+                results[r][split] = dict(zip(keys, row))
+        self.template.train()
         return results
 
     def _log(self, run: _Run, split: str, values: dict[str, float]) -> None:
@@ -194,62 +393,114 @@ class StackedTrainer:
         for k, v in values.items():
             run.writer.add_scalar(f"{split}/{k}", v, self.step)
 
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        self._stop_signal = signum
+
     def run(self) -> list[dict[str, dict[str, float]]]:
+        """Train to ``train.steps``; returns each run's last evaluation."""
         t = self.cfg.train
-        results: list[dict[str, dict[str, float]]] = []
-        t0, s0 = time.perf_counter(), self.step
-        while self.step < t.steps:
-            self.train_step()
-            s = self.step
-            if s % t.log_every == 0 or s == t.steps:
-                for run in self.runs:
-                    n = run.acc.pop("_n")
-                    values = {k: (v / n).item() for k, v in sorted(run.acc.items())}
-                    run.acc = {}
-                    self._log(run, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
-                if not self.quiet:
-                    rate = (s - s0) / max(time.perf_counter() - t0, 1e-9)
-                    print(f"step {s}/{t.steps} ({len(self.runs)} runs, {rate:.1f} steps/s)", flush=True)
-            if s % t.eval_every == 0 or s == t.steps:
-                results = self.evaluate()
-                for run, res in zip(self.runs, results):
-                    for split, values in res.items():
-                        self._log(run, split, values)
-            if s % t.checkpoint_every == 0 or s == t.steps:
-                self.save()
-            if self.stop_at_step is not None and self.stop_at_step <= s < t.steps:
-                self.save()
-                print(f"stopped at step {s} (--stop-at-step); resume with --resume", flush=True)
-                break
-        for run in self.runs:
-            run.writer.close()
+        metric = self.task.primary_metric
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
+        if self.step == 0:
+            n_params = self.flat_RxN.shape[1]
+            print(
+                f"{self.num_runs} stacked runs ({', '.join(r.cfg.name for r in self.runs)}): {n_params:,} parameters "
+                f"each, {t.steps} steps, device {self.device}",
+                flush=True,
+            )
+        t_last, step_last = time.perf_counter(), self.step
+        try:
+            while self.step < t.steps:
+                self.train_step()
+                s = self.step
+                if s % t.log_every == 0 or s == t.steps:
+                    self._check_finite()
+                    now = time.perf_counter()
+                    steps_per_s = (s - step_last) / max(now - t_last, 1e-9)
+                    t_last, step_last = now, s
+                    flushed = self._flush_train_metrics()
+                    for run, values in zip(self.runs, flushed):
+                        self._log(run, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
+                        run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
+                        run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
+                    print(
+                        f"step {s}/{t.steps} ({steps_per_s:.1f} steps/s x {self.num_runs} runs) "
+                        + " ".join(
+                            f"{r.cfg.name}:{metric}={v.get(metric, float('nan')):.4g}"
+                            for r, v in zip(self.runs, flushed)
+                        ),
+                        flush=True,
+                    )
+                if s % t.eval_every == 0 or s == t.steps:
+                    self._check_finite()
+                    results = self.evaluate()
+                    for run, res in zip(self.runs, results):
+                        for split, values in res.items():
+                            self._log(run, split, values)
+                    print(
+                        f"eval step {s}: "
+                        + "; ".join(
+                            f"{run.cfg.name} " + ", ".join(f"{sp} {metric}={v[metric]:.4f}" for sp, v in res.items())
+                            for run, res in zip(self.runs, results)
+                        ),
+                        flush=True,
+                    )
+                if s % t.checkpoint_every == 0 or s == t.steps:
+                    self._check_finite()
+                    self.save()
+                if self.stop_at_step is not None and self.stop_at_step <= s < t.steps:
+                    self._check_finite()
+                    self.save()
+                    print(f"stopped at step {s} (--stop-at-step); resume with --resume", flush=True)
+                    break
+                if self._stop_signal is not None:
+                    self._check_finite()
+                    self.save()
+                    raise Interrupted(self._stop_signal)
+        finally:
+            for s_, h in old_handlers.items():
+                signal.signal(s_, h)
+            for run in self.runs:
+                run.writer.flush()
         return results
 
+    def close(self) -> None:
+        for run in self.runs:
+            if run.writer is not None:
+                run.writer.close()
+
     # --------------------------------------------------------------------------- checkpoints
-    def _lone(self, r: int) -> tuple[torch.nn.Module, torch.optim.AdamW]:
-        """Run ``r`` as an ordinary model and torch.optim.AdamW (for checkpoints in the lone format)."""
+    def _lone(self, r: int) -> tuple[nn.Module, torch.optim.AdamW]:
+        """Run ``r`` as an ordinary model and ``torch.optim.AdamW`` (checkpoints in the lone format)."""
         model = copy.deepcopy(self.template)
-        model.load_state_dict(
-            {**{k: v[r] for k, v in self.params.items()}, **{k: v[r] for k, v in self.buffers.items()}}
-        )
+        with torch.no_grad():
+            model.load_state_dict(
+                {**{k: v[r] for k, v in self.params.items()}, **{k: v[r] for k, v in self.buffers.items()}}
+            )
         opt = build_optimizer(model, self.runs[r].cfg, self.device)
+        slots = {s.name: s for s in self.slots}
         names = {id(p): n for n, p in model.named_parameters()}
         for group in opt.param_groups:
             group["lr"] = lr_at(max(self.step - 1, 0), self.runs[r].cfg)
             for p in group["params"]:
-                n = names[id(p)]
+                s = slots[names[id(p)]]
+                cols = slice(s.offset, s.offset + s.numel)
                 opt.state[p] = {
                     "step": torch.tensor(float(self.step)),
-                    "exp_avg": self.exp_avg[n][r].clone(),
-                    "exp_avg_sq": self.exp_avg_sq[n][r].clone(),
+                    "exp_avg": self.exp_avg_RxN[r, cols].reshape(s.shape).clone(),
+                    "exp_avg_sq": self.exp_avg_sq_RxN[r, cols].reshape(s.shape).clone(),
                 }
         return model, opt
 
     def save(self) -> None:
+        """One ordinary checkpoint per run (what the lone trainer writes at this step)."""
         for r, run in enumerate(self.runs):
             model, opt = self._lone(r)
-            acc = {f"acc_{k}": torch.as_tensor(v, dtype=torch.float64) for k, v in run.acc.items()}
-            rng = {"torch_cpu": torch.get_rng_state(), "data_rank0": run.gen.get_state(), **acc}
+            rng: dict[str, Tensor] = {"torch_cpu": torch.get_rng_state(), "data_rank0": run.gen.get_state()}
+            if self._n:
+                rng.update({f"acc_{k}": v[r].detach().clone() for k, v in self._acc_R.items()})
+                rng["acc__n"] = torch.tensor(float(self._n), dtype=torch.float64)
             save_checkpoint(
                 run.out,
                 TrainingState(
@@ -258,35 +509,186 @@ class StackedTrainer:
             )
 
     def _restore(self) -> None:
-        steps = set()
+        steps: set[int] = set()
+        acc: dict[str, list[Tensor]] = {}
+        ns: set[float] = set()
         for r, run in enumerate(self.runs):
             ckpt = latest_checkpoint(run.out)
             if ckpt is None:
-                raise CheckpointError(f"--resume: no checkpoint in {run.out}")
+                raise CheckpointError(
+                    f"--resume: no checkpoint in {run.out} (expected {run.out}/checkpoints/latest); "
+                    "drop --resume to start new runs"
+                )
             state = load_checkpoint(ckpt)
+            diffs = [
+                d for d in config_differences(state.config, run.cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)
+            ]
+            if diffs:
+                raise CheckpointError(
+                    f"{run.out}: the checkpoint was written by a different configuration; refusing to resume:\n  "
+                    + "\n  ".join(diffs)
+                )
+            if state.extra.get("world_size", 1) != 1:
+                raise CheckpointError(f"{run.out}: written by {state.extra['world_size']} processes; resume it alone")
             model, opt = self._lone(r)
-            model.load_state_dict(state.model)
-            opt.load_state_dict(state.optimizer)
+            try:
+                model.load_state_dict(state.model)
+                opt.load_state_dict(state.optimizer)
+            except (RuntimeError, ValueError, KeyError) as err:
+                raise CheckpointError(f"{run.out}: checkpoint does not fit this model/optimizer: {err}") from err
             names = {id(p): n for n, p in model.named_parameters()}
+            slots = {s.name: s for s in self.slots}
             with torch.no_grad():
                 for n, p in model.named_parameters():
-                    self.params[n][r] = p
+                    self.params[n][r] = p.to(self.device)
+                for n, b in model.named_buffers():
+                    self.buffers[n][r] = b.to(self.device)
                 for p, st in opt.state.items():
-                    self.exp_avg[names[id(p)]][r] = st["exp_avg"]
-                    self.exp_avg_sq[names[id(p)]][r] = st["exp_avg_sq"]
-            run.gen.set_state(state.rng["data_rank0"])
-            run.acc = {k.removeprefix("acc_"): v for k, v in state.rng.items() if k.startswith("acc_")}
-            if "_n" in run.acc:
-                run.acc["_n"] = int(run.acc["_n"])
+                    s = slots[names[id(p)]]
+                    cols = slice(s.offset, s.offset + s.numel)
+                    self.exp_avg_RxN[r, cols] = st["exp_avg"].reshape(-1).to(self.device)
+                    self.exp_avg_sq_RxN[r, cols] = st["exp_avg_sq"].reshape(-1).to(self.device)
+            run.gen.set_state(state.rng["data_rank0"].to(torch.uint8))
+            for k, v in state.rng.items():
+                if k.startswith("acc_") and k != "acc__n":
+                    acc.setdefault(k.removeprefix("acc_"), []).append(v.to(self.device, torch.float64))
+            ns.add(float(state.rng["acc__n"]) if "acc__n" in state.rng else 0.0)
             steps.add(state.step)
-            self._truncate(run, state.step)
-        if len(steps) != 1:
-            raise CheckpointError(f"the stacked runs' checkpoints are at different steps {sorted(steps)}")
+            self._truncate_metrics_after(run, state.step)
+        if len(steps) != 1 or len(ns) != 1:
+            raise CheckpointError(
+                f"the stacked runs' checkpoints are at different steps {sorted(steps)}; resume them one by one"
+            )
         self.step = steps.pop()
+        self._n = int(ns.pop())
+        if self._n:
+            if any(len(v) != self.num_runs for v in acc.values()):
+                raise CheckpointError("the stacked runs' checkpoints hold different metric accumulators")
+            self._acc_R = {k: torch.stack(v) for k, v in acc.items()}
 
     @staticmethod
-    def _truncate(run: _Run, step: int) -> None:
+    def _truncate_metrics_after(run: _Run, step: int) -> None:
         path = run.out / "metrics.jsonl"
-        if path.exists():
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-            path.write_text("".join(ln + "\n" for ln in keep))
+        if not path.exists():
+            return
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(ln + "\n" for ln in keep))
+        os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------ command line
+def _sweep_entries(path: str) -> list[dict[str, Any]]:
+    """Override sets of a sweep file: ``runs: [{key: value, ...}, ...]`` and/or ``grid: {key: [values]}``
+    (the cartesian product); both given: every run entry combined with every grid point."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"--sweep {path}: cannot read it ({err})") from err
+    if not isinstance(spec, dict) or not set(spec) <= {"runs", "grid"} or not spec:
+        raise ValueError(f"--sweep {path}: expected a mapping with 'runs' (a list of override mappings) and/or 'grid'")
+    runs = spec.get("runs", [{}])
+    if not isinstance(runs, list) or not runs or not all(isinstance(e, dict) for e in runs):
+        raise ValueError(f"--sweep {path}: 'runs' must be a non-empty list of mappings like {{train.lr: 3e-4}}")
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ValueError(f"--sweep {path}: 'grid' must map keys to non-empty lists, e.g. {{train.lr: [1e-3, 3e-4]}}")
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return [{**run, **point} for run in runs for point in points]
+
+
+def stacked_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
+    """Configs and run directories for ``--seeds`` / ``--sweep``: ``OUT/seed0``, ``OUT/lr0.003``, ..."""
+    sets: list[tuple[str, list[str]]] = [("", [])]
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise ValueError(f"--seeds must list distinct integers, got {args.seeds!r}")
+        sets = [(f"seed{s}", [f"seed={s}"]) for s in seeds]
+    if args.sweep:
+        entries = _sweep_entries(args.sweep)
+        sets = [
+            (
+                "_".join(x for x in (name, "_".join(f"{k.split('.')[-1]}{v}" for k, v in e.items())) if x),
+                [*overrides, *(f"{k}={v}" for k, v in e.items())],
+            )
+            for name, overrides in sets
+            for e in entries
+        ]
+    names = [name for name, _ in sets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--sweep: two runs would share a directory name ({names}); make the entries distinct")
+    cfgs, outs = [], []
+    for name, overrides in sets:
+        cfg = load_config(args.config, [*args.overrides, *overrides])
+        cfg.name = f"{cfg.name}_{name}" if name else cfg.name
+        cfgs.append(cfg)
+        outs.append(Path(args.out) / name if name else Path(args.out))
+    return cfgs, outs
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``hyla train CONFIG --seeds ... / --sweep ...``: every stackable group as one stack, in turn."""
+    try:
+        cfgs, outs = stacked_configs(args)
+        groups = stack_groups(cfgs)
+    except ValueError as err:
+        print(f"hyla train: error: {err}", file=sys.stderr)
+        return 2
+    if len(groups) > 1:
+        print(
+            f"{len(cfgs)} runs in {len(groups)} groups trained one after another (they differ in more than "
+            f"{', '.join(STACKABLE_KEYS)})",
+            flush=True,
+        )
+    for group in groups:
+        g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
+        trainer: StackedTrainer | Trainer | None = None
+        try:
+            if len(group) == 1 and not_stackable_reason(g_cfgs[0]):
+                trainer = Trainer(
+                    g_cfgs[0],
+                    g_outs[0],
+                    device=args.device,
+                    resume=args.resume,
+                    stop_at_step=args.stop_at_step,
+                    quiet=args.quiet,
+                )
+                results = [trainer.run()]
+            else:
+                trainer = StackedTrainer(
+                    g_cfgs,
+                    g_outs,
+                    device=args.device,
+                    resume=args.resume,
+                    quiet=args.quiet,
+                    stop_at_step=args.stop_at_step,
+                )
+                results = trainer.run()
+        except (ValueError, CheckpointError) as err:
+            print(f"hyla train: error: {err}", file=sys.stderr)
+            return 2
+        except NonFiniteLossError as err:
+            print(f"hyla train: error: {err}", file=sys.stderr)
+            return 3
+        except Interrupted as err:
+            print(
+                f"hyla train: {err} received at step {trainer.step if trainer else 0}; checkpoints saved, "
+                "resume with --resume",
+                file=sys.stderr,
+            )
+            return 128 + err.signum
+        finally:
+            if trainer is not None:
+                trainer.close()
+        if trainer.step < g_cfgs[0].train.steps:  # --stop-at-step
+            continue
+        metric = trainer.task.primary_metric
+        for out, res in zip(g_outs, results):
+            print(f"{out}: " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in res.items()))
+    return 0
