@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,8 @@ from hyla.analysis.latents import collect_latents, sraven_pairs
 from hyla.analysis.plots import embedding_panels, rule_heatmaps
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.cli import main
+from hyla.tasks import make_task
+from hyla.tasks.sraven import RULE_NAMES
 from hyla.train.loop import load_trained
 
 TINY = [
@@ -49,6 +52,27 @@ def test_query_key_selection_by_hand() -> None:
     assert k[0, 1].tolist() == [24, 31]  # feature 0: col0 slot 0, col1 slot 3
     assert k[0, 2].tolist() == [26, 29]  # feature 2: col0 slot 2, col1 slot 1
     assert k[0, 3].tolist() == [27, 28]  # feature 3: col0 slot 3, col1 slot 0
+
+
+def test_selected_keys_carry_the_rule_of_the_answer_slot() -> None:
+    """On real problems: the keys' values and the answer value obey the rule labelled for the query."""
+    task = make_task("sraven")
+    p = task.sample_problems(256, "train", torch.Generator().manual_seed(1))
+    q, k = sraven_pairs(p["perm"], num_features=4)
+    tokens = p["grid"].reshape(256, 36)
+    assert torch.equal(q, 32 + torch.arange(4).expand(256, 4))
+    answer = p["grid"][:, 2, 2].long()  # what query token 32 + i must predict
+    k0, k1 = tokens.gather(1, k[..., 0]).long(), tokens.gather(1, k[..., 1]).long()
+    rule = p["rules"].gather(1, p["perm"][:, 2])
+    j = p["perm"][:, 2]
+    assert torch.equal(k0, p["canonical"][:, 2, 0].gather(1, j).long())  # same canonical feature
+    assert torch.equal(k1, p["canonical"][:, 2, 1].gather(1, j).long())
+    expected = {0: k1, 1: k1 + 1, 2: k1 + 2, 3: k1 - 1, 4: k1 - 2, 5: k0 + k1, 6: k0 - k1}
+    for r, value in expected.items():
+        m = rule == r
+        assert m.any() and torch.equal(answer[m], value[m] % 8), RULE_NAMES[r]
+    m = rule == 7  # distribute-three: the row holds three distinct values
+    assert ((answer[m] != k0[m]) & (answer[m] != k1[m]) & (k0[m] != k1[m])).all()
 
 
 def test_extraction_matches_the_models_latent_code(sraven_run: Path) -> None:
@@ -91,7 +115,8 @@ def test_rule_probe_finds_planted_structure_and_not_after_shuffling() -> None:
 def test_term_probe_planted_and_shuffled() -> None:
     rng = np.random.default_rng(0)
     terms = rng.random((600, 2, 4)) < 0.5
-    codes = np.where(terms, 1.0, -1.0).reshape(600, -1) @ rng.normal(size=(8, 30)) + 0.3 * rng.normal(size=(600, 30))
+    literals = np.where(terms, 1.0, -1.0).reshape(600, -1)
+    codes = literals @ rng.normal(size=(8, 30)) + 0.3 * rng.normal(size=(600, 30))
     result = term_probe(codes, terms)
     assert result["r2"] > 0.8 and result["shuffled_label_r2"] < 0.1
     assert term_probe(rng.normal(size=(600, 30)), terms)["r2"] < 0.1
@@ -100,14 +125,24 @@ def test_term_probe_planted_and_shuffled() -> None:
 def test_topographic_similarity_planted_and_noise() -> None:
     rng = np.random.default_rng(0)
     rules = np.array(sorted({tuple(sorted(rng.integers(0, 8, 4))) for _ in range(60)}))[:40]
-    structured = np.eye(8)[rules].reshape(len(rules), -1) + 0.1 * rng.normal(size=(len(rules), 32))
+    # per-feature task codes: feature j's code is its rule's basis vector plus noise
+    structured = rng.normal(size=(8, 6))[rules] + 0.1 * rng.normal(size=(len(rules), 4, 6))
     res = comp.topographic_similarity(structured, rules, "slots", permutations=200)
-    assert res["rho"] > 0.5 and res["p_value"] < 0.01
-    noise = comp.topographic_similarity(rng.normal(size=(len(rules), 32)), rules, "slots", permutations=200)
+    assert res["rho"] > 0.7 and res["p_value"] < 0.01
+    noise = comp.topographic_similarity(rng.normal(size=(len(rules), 4, 6)), rules, "slots", permutations=200)
     assert abs(noise["rho"]) < 0.15 and noise["p_value"] > 0.05
+    # codes that only know rule families: the semantic distance sees them better than the slots one
+    families = rng.normal(size=(4, 6))[comp.RULE_FAMILY[rules]] + 0.1 * rng.normal(size=(len(rules), 4, 6))
+    fam_sem = comp.topographic_similarity(families, rules, "semantic", permutations=0)["rho"]
+    assert fam_sem > comp.topographic_similarity(families, rules, "slots", permutations=0)["rho"] + 0.05
     d = comp.task_distance_matrix(np.array([[0, 1, 5, 7], [0, 2, 6, 7], [3, 4, 6, 7]]), "semantic")
     assert d[0, 1] == 1.0 and d[0, 2] == 2.0  # within a family (progressions, arithmetic) a change counts 0.5
     assert comp.task_distance_matrix(np.array([[0, 1, 5, 7], [0, 2, 6, 7]]), "slots")[0, 1] == 2
+    # multisets: (0,1,2,3) and (1,2,3,4) share three rules, whatever their sorted positions
+    assert comp.task_distance_matrix(np.array([[0, 1, 2, 3], [1, 2, 3, 4]]), "slots")[0, 1] == 1
+    # the code distance matches features the same way: a shifted copy of three codes is close
+    c = np.arange(5.0)[:, None] * np.ones((1, 3))
+    assert comp.code_distance_matrix(np.stack([c[:4], c[1:]]))[0, 1] == pytest.approx(4 * np.sqrt(3))
     with pytest.raises(ValueError, match="kind='cosine' is not valid"):
         comp.task_distance_matrix(rules, "cosine")
 
@@ -134,7 +169,17 @@ def test_plots_have_one_panel_per_layer(tmp_path: Path) -> None:
 def test_analyze_cli_end_to_end(sraven_run: Path, tmp_path: Path, capsys) -> None:
     assert (
         main(
-            ["analyze", "latents", str(sraven_run), "--split", "test", "--num", "32", "--out", str(tmp_path / "l.npz")]
+            [
+                "analyze",
+                "latents",
+                str(sraven_run),
+                "--split",
+                "test",
+                "--num",
+                "32",
+                "--out",
+                str(tmp_path / "l.npz"),
+            ]
         )
         == 0
     )
@@ -164,3 +209,78 @@ def test_analyze_cli_end_to_end(sraven_run: Path, tmp_path: Path, capsys) -> Non
         == 0
     )
     assert "rho(slots)" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def fuzzy_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "fuzzy"
+    assert main(["train", "fuzzy_logic", *TINY, "data.num_examples=12", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_saved_npz_has_documented_keys_and_shapes(sraven_run: Path, fuzzy_run: Path, tmp_path: Path) -> None:
+    assert main(["analyze", "latents", str(sraven_run), "--num", "20", "--out", str(tmp_path / "s.npz")]) == 0
+    with np.load(tmp_path / "s.npz") as z:
+        shapes = {k: z[k].shape for k in z.files}
+        assert str(z["task"]) == "sraven" and str(z["split"]) == "ood" and len(z["rule_names"]) == 8
+        assert z["codes"].dtype == np.float32
+        assert np.array_equal(z["query_tokens"], np.broadcast_to(32 + np.arange(4), (20, 4)))
+        assert ((z["key_tokens"] >= 24) & (z["key_tokens"] < 32)).all()  # panels (2, 0) and (2, 1)
+    assert shapes == {
+        "codes": (20, 4, 2, 2, 2),
+        "query_rule": (20, 4),
+        "rules": (20, 4),
+        "perm": (20, 3, 4),
+        "task_id": (20,),
+        "query_tokens": (20, 4),
+        "key_tokens": (20, 4, 2),
+        "task": (),
+        "split": (),
+        "attention": (),
+        "rule_names": (8,),
+    }
+    assert main(["analyze", "latents", str(fuzzy_run), "--split", "test", "--num", "20"]) == 0
+    with np.load(fuzzy_run / "latents_test.npz") as z:
+        shapes = {k: z[k].shape for k in z.files}
+        codes = z["codes"]
+    assert shapes == {
+        "codes": (20, 2, 11, 2),  # (N, layers, N_examples - 1 context keys, heads)
+        "terms": (20, 2, 4),
+        "task_id": (20,),
+        "task": (),
+        "split": (),
+        "attention": (),
+    }
+    _cfg, task, model = load_trained(fuzzy_run)
+    batch = task.sample(20, "test", torch.Generator().manual_seed(0))
+    assert np.allclose(codes[3, 1], model.latent_codes(batch.inputs)[1][3, :, 11, :11].T.numpy())
+
+
+def test_fuzzy_probe_cli_and_errors(fuzzy_run: Path, sraven_run: Path, tmp_path: Path, capsys) -> None:
+    assert main(["analyze", "probe", str(fuzzy_run), "--num", "64", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert set(result["layers"]) == {"0", "1", "all"} and result["num"] == 64
+    assert "| all |" in (tmp_path / "probe.md").read_text()
+    capsys.readouterr()
+    assert main(["analyze", "plots", str(fuzzy_run), "--num", "8"]) == 2
+    assert "drawn for sraven runs" in capsys.readouterr().err
+    assert main(["analyze", "latents", str(sraven_run), "--split", "bogus", "--num", "8"]) == 2
+    assert "split='bogus' is not valid" in capsys.readouterr().err
+    assert main(["analyze", "topsim", str(fuzzy_run), "--num", "8"]) == 2
+    assert "needs sraven" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["analyze", "latents", str(sraven_run), "--num", "0"])
+    with pytest.raises(ValueError, match="num=0 must be >= 1"):
+        collect_latents(sraven_run, "ood", num=0)
+    with pytest.raises(ValueError, match="not a run directory"):
+        collect_latents(tmp_path, "ood", num=4)
+
+
+def test_embedding_subsample_and_bad_method(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 50)
+    names = ["a", "b", "c"]
+    _, n = embedding_panels([rng.normal(size=(50, 4))], labels, names, tmp_path / "s.png", max_points=20)
+    assert n == 1 and (tmp_path / "s.png").is_file()
+    with pytest.raises(ValueError, match="method='umap' is not valid"):
+        embedding_panels([rng.normal(size=(50, 4))], labels, ["a", "b", "c"], tmp_path / "u.png", "umap")

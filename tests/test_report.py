@@ -6,10 +6,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hyla.analysis.paper import paper_reference
-from hyla.analysis.report import build_report, group_runs, mean_se
+from hyla.analysis.report import build_report, group_runs, mean_se, sweep_series
 from hyla.analysis.runs import load_run
 from hyla.cli import main
 from hyla.train.config import load_config
@@ -41,22 +42,105 @@ def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None
     runs += [fake_run(tmp_path, "s", 0, 0.5, **{"model.attention": "softmax"})]
     assert sorted(len(g) for g in group_runs([load_run(r) for r in runs]).values()) == [1, 3]
     table = build_report(runs, tmp_path / "out")
-    assert (
-        f"| hyla | 3 | 90.00 +- 0.00 | 80.00 +- 0.00 | 70.00 +- {100 * 0.1 / math.sqrt(3):.2f} | 69.13 +- 1.90 |"
-        in table
-    )
+    se = f"{100 * 0.1 / math.sqrt(3):.2f}"
+    row = f"| hyla | 3 | 90.00 +- 0.00 | 80.00 +- 0.00 | 70.00 +- {se} | 69.13 +- 1.90 | Table A1: HYLA |"
+    assert row in table
     assert "| softmax | 1 |" in table and "56.56 +- 1.05" in table
     assert (tmp_path / "out" / "learning_curves.png").is_file() and (tmp_path / "out" / "report.md").is_file()
 
 
 def test_sweep_plot_when_one_key_varies(tmp_path: Path, capsys) -> None:
     runs = [fake_run(tmp_path, f"h{d}", 0, 0.5 + d / 100, **{"model.num_layers": d}) for d in (4, 8, 16)]
-    runs += [
-        fake_run(tmp_path, f"s{d}", 0, 0.5, **{"model.num_layers": d, "model.attention": "softmax"}) for d in (4, 8)
-    ]
+    softmax = {"model.attention": "softmax"}
+    runs += [fake_run(tmp_path, f"s{d}", 0, 0.5, **{"model.num_layers": d, **softmax}) for d in (4, 8)]
     assert main(["report", *map(str, runs), "--out", str(tmp_path / "sweep")]) == 0
     assert (tmp_path / "sweep" / "ood_vs_num_layers.png").is_file()
     assert "hyla (num_layers=8)" in capsys.readouterr().out
+
+
+def test_one_factor_sweeps_from_a_mixed_collection(tmp_path: Path) -> None:
+    """Base, deeper, wider and more-data runs together: one sweep per axis through the base point."""
+    runs = [fake_run(tmp_path, "base", 0, 0.60), fake_run(tmp_path, "base", 1, 0.62)]
+    runs += [fake_run(tmp_path, f"d{d}", 0, 0.7, **{"model.num_layers": d}) for d in (8, 16)]
+    runs += [fake_run(tmp_path, "w2", 0, 0.8, **{"model.width_multiplier": 2})]
+    runs += [fake_run(tmp_path, "s2", 0, 0.9, **{"train.steps": 312500})]
+    groups = group_runs([load_run(r) for r in runs])
+    assert len(groups) == 5
+    build_report(runs, tmp_path / "out")
+    names = {p.name for p in (tmp_path / "out").glob("ood_vs_*.png")}
+    assert names == {"ood_vs_num_layers.png", "ood_vs_width_multiplier.png", "ood_vs_steps.png"}
+    summary = [{"config": g[0].config, "ood": (100 * g[0].final("ood")["acc"], 0.0)} for g in groups.values()]
+    varying = ["model.num_layers", "model.width_multiplier", "train.steps"]
+    xs, means, _ = sweep_series(summary, "model.num_layers", varying)["hyla"]
+    assert xs == [4, 8, 16] and means[0] == 60.0  # the base point, not the wider or longer run
+    xs, _, _ = sweep_series(summary, "train.steps", varying)["hyla"]
+    assert xs == [156250 * 128, 312500 * 128]  # problems seen
+
+
+def test_report_rejects_mixed_tasks(tmp_path: Path, capsys) -> None:
+    s = fake_run(tmp_path, "s", 0, 0.5)
+    f = tmp_path / "f"
+    f.mkdir()
+    (f / "config.yaml").write_text(yaml.safe_dump(load_config("fuzzy_logic").to_dict()))
+    (f / "metrics.jsonl").write_text(json.dumps({"step": 1, "split": "ood", "r2": 0.5}) + "\n")
+    assert main(["report", str(s), str(f), "--out", str(tmp_path / "o")]) == 2
+    assert "mix tasks" in capsys.readouterr().err
+
+
+TINY = [
+    "model.num_layers=1",
+    "model.emb_dim=16",
+    "model.num_heads=2",
+    "model.qk_dim=8",
+    "model.v_dim=8",
+    "model.mlp_dim=32",
+    "train.steps=6",
+    "train.eval_every=3",
+    "train.eval_size=64",
+    "train.eval_batch_size=32",
+    "train.log_every=3",
+    "train.checkpoint_every=3",
+    "train.batch_size=16",
+]
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory) -> list[Path]:
+    """Three tiny SRAVEN runs: HYLA seeds 0 and 1, softmax seed 0."""
+    root = tmp_path_factory.mktemp("trained")
+    runs = []
+    for attention, seed in (("hyla", 0), ("hyla", 1), ("softmax", 0)):
+        out = root / f"{attention}_{seed}"
+        overrides = [*TINY, f"model.attention={attention}", f"seed={seed}"]
+        args = ["train", "sraven", *overrides, "--out", str(out), "--quiet"]
+        assert main(args) == 0
+        runs.append(out)
+    return runs
+
+
+def test_report_on_trained_runs_with_latent_section(trained_runs: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    args = ["report", *map(str, trained_runs), "--out", str(out), "--latents", "32", "--permutations", "10"]
+    assert main(args) == 0
+    text = (out / "report.md").read_text()
+    assert "| hyla | 2 |" in text and "| softmax | 1 |" in text  # seeds pooled, paper column empty ("-")
+    assert "## Latent code" in text and text.count("| hyla | hyla_") == 2
+    assert "| softmax | softmax_0 |" in text
+    assert "- slots:" in text and "over 3 runs" in text  # topographic similarity against OOD acc, 3 runs
+    pngs = {p.name for p in out.glob("*.png")}
+    # figures for the first run of each configuration only, plus learning curves and the scatter plot
+    assert pngs == {
+        "learning_curves.png",
+        "topsim_vs_ood.png",
+        *(
+            f"{v}_{v}_0_{f}"
+            for v in ("hyla", "softmax")
+            for f in ("latents_pca.png", "latents_tsne.png", "mean_code_per_rule.png")
+        ),
+    }
+    assert all(f"![{name}]({name})" in text for name in pngs)
+    results = json.loads((out / "latents.json").read_text())
+    assert len(results) == 3 and all(0 <= r["probe"]["layers"]["all"]["ood_acc"] <= 1 for r in results)
 
 
 def test_paper_reference_only_for_table_a1_settings() -> None:

@@ -1,51 +1,100 @@
-"""Topographic similarity of the latent code: do similar tasks get similar codes?
+"""Topographic similarity of the latent code (not in the paper): do similar tasks get similar codes?
 
-A problem's code is the concatenation, over canonical features j = 0..F-1, of the code of the answer
-slot holding feature j (so position j always carries the rule ``rules[n, j]``); a task's code is the
-mean over its problems. Topographic similarity = Spearman correlation between the pairwise Euclidean
-distances of task codes and pairwise task distances, over all task pairs in the sample.
+Codes. A problem's code is a ``(F, D)`` matrix: row ``j`` is the code of the answer slot holding
+canonical feature ``j`` (``D = layers * 2 keys * heads``), so row ``j`` always carries the rule
+``rules[n, j]`` (:func:`canonical_codes`). A task's code is the mean over its problems in the sample.
 
-Task distances between rule tuples ``r, s`` (sorted multisets, aligned by canonical feature):
+Distances. A task is a *multiset* of F rules (canonical feature ``j`` gets the j-th rule of the sorted
+multiset), so both distances compare tasks by the best matching of their F features, not position by
+position (``(0,1,2,3)`` and ``(1,2,3,4)`` share three rules: distance 1, not 4):
 
-* ``slots``: the number of features whose rules differ, ``sum_j [r_j != s_j]``;
-* ``semantic``: like ``slots`` but two progressions count 0.5 apart (one family: +-1, +-2), and
-  addition/subtraction 0.5 apart (arithmetic); any other difference counts 1.
+* code distance ``d_code(a, b) = min over bijections s of sum_j ||code_a[j] - code_b[s(j)]||``;
+* task distance ``d_task(r, s) = min over bijections of sum_j cost(r_j, s_s(j))`` with rule costs
 
+  - ``slots``: 0 for the same rule, 1 otherwise: the number of rule slots that must change to turn one
+    task into the other, ``F - |r ∩ s|`` (multiset intersection);
+  - ``semantic``: like ``slots``, but rules of one family cost 0.5: the four progressions (+-1, +-2)
+    are one family, addition and subtraction another (constant, distribute-three alone).
+
+Topographic similarity = Spearman rho between ``d_code`` and ``d_task`` over all task pairs in the sample.
 The p-value is a permutation test: task labels are shuffled against codes ``permutations`` times;
-``p = (1 + #{shuffled rho >= observed rho}) / (1 + permutations)``.
+``p = (1 + #{shuffled rho >= observed rho}) / (1 + permutations)`` (one-sided: structure means rho > 0).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
-from scipy.spatial.distance import pdist, squareform
+from scipy.optimize import linear_sum_assignment
+from scipy.spatial.distance import cdist, squareform
 from scipy.stats import spearmanr
 
-RULE_FAMILY = np.array([0, 1, 1, 1, 1, 2, 2, 3])  # constant | progressions | arithmetic | distribute_three
+#: rule id -> family: constant | progressions (+1, +2, -1, -2) | arithmetic (add, sub) | distribute_three
+RULE_FAMILY = np.array([0, 1, 1, 1, 1, 2, 2, 3])
 TASK_DISTANCES = ("slots", "semantic")
+_MAX_ENUMERATED = 6  # up to this many features, all F! matchings are enumerated (vectorized)
+
+
+def matching_distance(cost_AxBxFxF: np.ndarray) -> np.ndarray:
+    """``(A, B)``: the minimum over bijections ``s`` of ``sum_j cost[a, b, j, s(j)]``."""
+    a, b, f, _ = cost_AxBxFxF.shape
+    if f <= _MAX_ENUMERATED:
+        perms = np.array(list(itertools.permutations(range(f))))  # (P, F)
+        totals = cost_AxBxFxF[:, :, np.arange(f)[None, :], perms].sum(-1)  # (A, B, P)
+        return totals.min(-1)
+    out = np.empty((a, b))
+    for i in range(a):
+        for k in range(b):
+            rows, cols = linear_sum_assignment(cost_AxBxFxF[i, k])
+            out[i, k] = cost_AxBxFxF[i, k, rows, cols].sum()
+    return out
+
+
+def rule_cost_matrix(kind: str, num_rules: int = len(RULE_FAMILY)) -> np.ndarray:
+    """``(R, R)`` cost of matching rule ``u`` with rule ``v`` under the task distance ``kind``."""
+    if kind not in TASK_DISTANCES:
+        raise ValueError(f"kind={kind!r} is not valid; allowed values: {', '.join(TASK_DISTANCES)}")
+    ids = np.arange(num_rules)
+    cost = (ids[:, None] != ids[None, :]).astype(float)
+    if kind == "semantic":
+        fam = RULE_FAMILY[ids]
+        cost[(fam[:, None] == fam[None, :]) & (cost > 0)] = 0.5
+    return cost
 
 
 def task_distance_matrix(rules_TxF: np.ndarray, kind: str) -> np.ndarray:
-    if kind not in TASK_DISTANCES:
-        raise ValueError(f"kind={kind!r} is not valid; allowed values: {', '.join(TASK_DISTANCES)}")
-    differ = rules_TxF[:, None, :] != rules_TxF[None, :, :]
-    if kind == "slots":
-        return differ.sum(-1).astype(float)
-    fam = RULE_FAMILY[rules_TxF]
-    same_family = fam[:, None, :] == fam[None, :, :]
-    return (differ * np.where(same_family, 0.5, 1.0)).sum(-1)
+    """``(T, T)`` task distances (see the module docstring) between rule multisets."""
+    cost = rule_cost_matrix(kind)
+    rules_TxF = np.asarray(rules_TxF)
+    if rules_TxF.ndim != 2 or rules_TxF.min() < 0 or rules_TxF.max() >= len(cost):
+        top = len(cost) - 1
+        raise ValueError(f"rules_TxF must be (tasks, features) rule ids in 0..{top}, got {rules_TxF.shape}")
+    return matching_distance(cost[rules_TxF[:, None, :, None], rules_TxF[None, :, None, :]])
+
+
+def code_distance_matrix(codes: np.ndarray) -> np.ndarray:
+    """``(T, T)``: Euclidean for ``(T, D)`` codes; the best feature matching for ``(T, F, D)`` codes."""
+    if codes.ndim == 2:
+        return cdist(codes, codes)
+    if codes.ndim != 3:
+        raise ValueError(f"codes must be (tasks, dim) or (tasks, features, dim), got shape {codes.shape}")
+    f = codes.shape[1]
+    rows = [np.stack([cdist(codes[:, i], codes[:, j]) for j in range(f)], -1) for i in range(f)]
+    cost_TxTxFxF = np.stack(rows, -2)
+    return matching_distance(cost_TxTxFxF)
 
 
 def canonical_codes(latents: dict) -> np.ndarray:
-    """``(N, F * L * K * H)``: per problem, the slot codes reordered by canonical feature."""
+    """``(N, F, L * K * H)``: per problem, the answer-slot codes reordered by canonical feature."""
     codes, perm = latents["codes"], latents["perm"]  # (N, F, L, K, H), (N, G, F)
-    slot_of_feature = perm[:, -1].argsort(-1)  # answer slot of canonical feature j
+    slot_of_feature = perm[:, -1].argsort(-1)  # (N, F): answer slot holding canonical feature j
     ordered = np.take_along_axis(codes, slot_of_feature[:, :, None, None, None], axis=1)
-    return ordered.reshape(len(codes), -1)
+    return ordered.reshape(*ordered.shape[:2], -1)
 
 
 def task_codes(latents: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Mean code per task present in the sample, and that task's rule tuple."""
+    """Mean code ``(T, F, D)`` per task present in the sample, and its rule tuple ``(T, F)``."""
     codes = canonical_codes(latents)
     ids = latents["task_id"]
     tasks = np.unique(ids)
@@ -55,24 +104,31 @@ def task_codes(latents: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def topographic_similarity(
-    codes_TxD: np.ndarray, rules_TxF: np.ndarray, kind: str = "slots", permutations: int = 1000, seed: int = 0
+    codes: np.ndarray, rules_TxF: np.ndarray, kind: str = "slots", permutations: int = 1000, seed: int = 0
 ) -> dict:
-    if len(codes_TxD) < 3:
-        raise ValueError(f"need at least 3 distinct tasks for topographic similarity, got {len(codes_TxD)}")
-    code_dist = pdist(codes_TxD)
+    """Spearman rho between code and task distances, with a permutation-test p-value.
+
+    ``codes``: ``(T, F, D)`` per-feature task codes (matched, see the module docstring) or ``(T, D)``."""
+    if len(codes) != len(rules_TxF):
+        raise ValueError(f"codes ({len(codes)} tasks) and rules_TxF ({len(rules_TxF)} tasks) must match")
+    if len(codes) < 3:
+        raise ValueError(f"need at least 3 distinct tasks for topographic similarity, got {len(codes)}")
+    if permutations < 0:
+        raise ValueError(f"permutations={permutations} must be >= 0")
+    code_TxT = code_distance_matrix(codes)
     task_dist = squareform(task_distance_matrix(rules_TxF, kind), checks=False)
-    rho = float(spearmanr(code_dist, task_dist).statistic)
+    if np.ptp(task_dist) == 0:
+        raise ValueError("all tasks are at one distance from each other: topographic similarity is undefined")
+    rho = float(spearmanr(squareform(code_TxT, checks=False), task_dist).statistic)
     rng = np.random.default_rng(seed)
-    square = squareform(code_dist)
     exceed = 0
     for _ in range(permutations):
-        p = rng.permutation(len(codes_TxD))
-        shuffled = squareform(square[np.ix_(p, p)], checks=False)
-        exceed += spearmanr(shuffled, task_dist).statistic >= rho
+        p = rng.permutation(len(codes))
+        exceed += spearmanr(squareform(code_TxT[np.ix_(p, p)], checks=False), task_dist).statistic >= rho
     return {
         "rho": rho,
         "p_value": (1 + exceed) / (1 + permutations),
-        "num_tasks": len(codes_TxD),
+        "num_tasks": len(codes),
         "kind": kind,
         "permutations": permutations,
     }
@@ -80,7 +136,10 @@ def topographic_similarity(
 
 def correlation_across_runs(topsim: list[float], ood: list[float]) -> dict:
     """Spearman correlation between runs' topographic similarity and their OOD accuracy."""
-    if len(topsim) < 3:
-        return {"spearman": float("nan"), "num_runs": len(topsim), "note": "needs >= 3 runs"}
-    res = spearmanr(topsim, ood)
-    return {"spearman": float(res.statistic), "p_value": float(res.pvalue), "num_runs": len(topsim)}
+    pairs = [(t, o) for t, o in zip(topsim, ood) if np.isfinite(t) and np.isfinite(o)]
+    if len(pairs) < 3:
+        return {"spearman": float("nan"), "num_runs": len(pairs), "note": "needs >= 3 runs"}
+    if len({t for t, _ in pairs}) == 1 or len({o for _, o in pairs}) == 1:
+        return {"spearman": float("nan"), "num_runs": len(pairs), "note": "a constant input: undefined"}
+    res = spearmanr(*zip(*pairs))
+    return {"spearman": float(res.statistic), "p_value": float(res.pvalue), "num_runs": len(pairs)}

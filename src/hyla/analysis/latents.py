@@ -1,15 +1,37 @@
 """Extract the latent code ``a[:, q, k]`` (all layers and heads) of a trained run at the pairs that matter.
 
-SRAVEN. For answer slot ``i`` the query is token ``q = 8F + i`` (the i-th query token). That slot
-holds canonical feature ``j = perm[n, 2, i]``, whose rule is ``rules[n, j]``. The relevant keys are
-the same feature's two visible panels of the last row, (2, 0) and (2, 1): slot ``i_c`` with
-``perm[n, c, i_c] == j``, token ``(2*3 + c)*F + i_c``. These are the pairs whose value networks must
-compute the answer (the paper reads the code at "the final query token of a feature and the keys of
-that feature's panels in the same row"). Codes: ``codes[n, i, layer, key, head]`` with key 0 =
-panel (2, 0), key 1 = panel (2, 1); labels ``query_rule[n, i] = rules[n, perm[n, 2, i]]``.
+SRAVEN (G = 3, F features, token ``(r*G + c)*F + i`` = panel (r, c), slot i; the last F tokens are the
+queries of the answer panel (2, 2)). For answer slot ``i`` the query is token ``q = 8F + i``. Slot i of
+the answer panel holds canonical feature ``j = perm[n, 2, i]`` (``grid[n, r, c, i] = canonical[n, r, c,
+perm[n, c, i]]``), so its rule is ``rules[n, j]``. The relevant keys are the *same canonical feature* in
+the two visible panels of the last row, (2, 0) and (2, 1): in column c it sits in slot ``i_c`` with
+``perm[n, c, i_c] == j`` (``i_c = argsort(perm[n, c])[j]``), token ``(2*G + c)*F + i_c``. Why these:
+the answer value of feature j follows from that feature's values in the same row under its rule, so
+these are the (q, k) pairs whose generated value networks must carry the rule; the paper reads the
+code at "the final query token of a feature and the keys of that feature's panels in the same row".
 
-Fuzzy logic. The query is the last token (the one whose y is predicted); the keys are the N-1 context
-examples: ``codes[n, layer, key, head]``; ground truth ``terms[n, K, L]``.
+Fuzzy logic (one token per example (x_t, y_t), the last one's y zeroed): the query is the last token
+(whose y is predicted), the keys are the N-1 context examples.
+
+Arrays (as returned by :func:`collect_latents` and stored by ``hyla analyze latents`` in a ``.npz``):
+
+=============  ============================  ==================================================
+task           key                           content
+=============  ============================  ==================================================
+sraven         ``codes`` float32             (N, F, layers, 2, H): ``a[h, q, k]`` for answer slot i,
+                                             key 0 = panel (2, 0), key 1 = panel (2, 1)
+sraven         ``query_rule`` int64          (N, F): rule of answer slot i, ``rules[n, perm[n, 2, i]]``
+sraven         ``rules`` int64               (N, F): rule per canonical feature (sorted multiset)
+sraven         ``perm`` int64                (N, 3, F): the problem's feature permutation per column
+sraven         ``query_tokens`` int64        (N, F): q of each answer slot (``8F + i``)
+sraven         ``key_tokens`` int64          (N, F, 2): k of each answer slot, panels (2, 0), (2, 1)
+sraven         ``rule_names`` str            (8,): names of the rule ids
+fuzzy_logic    ``codes`` float32             (N, layers, N_examples - 1, H): ``a[h, T-1, k]``
+fuzzy_logic    ``terms`` bool                (N, K, L): True where the literal is x_i, else 1 - x_i
+both           ``task_id`` int64             (N,): index of the task (rule multiset / term combination)
+both           ``task``, ``split``,          0-d str: the run's task, the split sampled, the attention
+               ``attention``                 preset
+=============  ============================  ==================================================
 """
 
 from __future__ import annotations
@@ -18,26 +40,41 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from hyla.tasks.sraven import RULE_NAMES
 from hyla.train.loop import load_trained
 
 
-def sraven_pairs(perm_NxGxF: torch.Tensor, num_features: int, grid_size: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+def sraven_pairs(perm_NxGxF: Tensor, num_features: int, grid_size: int = 3) -> tuple[Tensor, Tensor]:
     """Query tokens ``(N, F)`` and relevant key tokens ``(N, F, G-1)`` for every answer slot."""
     n, g, f = perm_NxGxF.shape[0], grid_size, num_features
     last = g - 1
     feature_of_slot = perm_NxGxF[:, last]  # (N, F): canonical feature j of answer slot i
     queries = (g * g - 1) * f + torch.arange(f).expand(n, f)
     inverse = perm_NxGxF.argsort(-1)  # inverse[n, c, j] = slot of canonical feature j in column c
-    keys = torch.stack([(last * g + c) * f + inverse[:, c].gather(1, feature_of_slot) for c in range(g - 1)], dim=-1)
+    slots = [inverse[:, c].gather(1, feature_of_slot) for c in range(g - 1)]  # (N, F) each
+    keys = torch.stack([(last * g + c) * f + slot for c, slot in enumerate(slots)], dim=-1)
     return queries, keys
 
 
 @torch.no_grad()
-def collect_latents(run_dir: str | Path, split: str, num: int = 2048, batch_size: int = 512, seed: int = 0) -> dict:
-    """The documented arrays (see module docstring) for ``num`` problems of ``split``."""
+def collect_latents(
+    run_dir: str | Path, split: str, num: int = 2048, batch_size: int = 256, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """The documented arrays (see module docstring) for ``num`` problems of ``split``.
+
+    Problems come from ``torch.Generator().manual_seed(seed)`` in batches of ``batch_size`` (so the
+    same arguments give the same problems); the model is the run's latest checkpoint, on the CPU."""
+    if num < 1:
+        raise ValueError(f"num={num} must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
     cfg, task, model = load_trained(run_dir)
+    if cfg.data.task not in ("sraven", "fuzzy_logic"):
+        raise ValueError(
+            f"{run_dir}: latent codes are extracted for sraven and fuzzy_logic runs, not {cfg.data.task!r}"
+        )
     task.check_split(split)
     gen = torch.Generator().manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {}
@@ -63,7 +100,8 @@ def collect_latents(run_dir: str | Path, split: str, num: int = 2048, batch_size
         else:
             t = codes.shape[-1]
             arrays = {
-                "codes": codes[:, :, :, t - 1, : t - 1].permute(0, 1, 3, 2).numpy().astype(np.float32),  # (B, L, K, H)
+                # the last query, every context key: (B, L, H, K) -> (B, L, K, H)
+                "codes": codes[:, :, :, t - 1, : t - 1].permute(0, 1, 3, 2).numpy().astype(np.float32),
                 "terms": batch.info["terms"].numpy(),
                 "task_id": batch.info["task_id"].numpy(),
             }

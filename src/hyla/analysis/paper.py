@@ -32,42 +32,73 @@ NONLINEARITIES_SRAVEN: dict[str, tuple[float, float]] = {
 }
 
 
-def paper_reference(config: dict[str, Any]) -> tuple[float, float] | None:
-    """The paper's OOD number for this configuration when it matches a Table A1 setting, else None."""
+def _preset(model: dict[str, Any]) -> str | None:
+    """The attention preset (``hyla`` + ``nonlinearity=phi`` read as ``hyla_phi``); None if not standard."""
+    preset, phi = model["attention"], model.get("nonlinearity")
+    if phi in (None, "relu"):
+        return preset
+    return f"hyla_{phi}" if preset == "hyla" else None
+
+
+def _table(config: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], str] | None:
+    """The paper table (preset -> OOD (mean, s.e.)) and its name that this configuration belongs to."""
     data, model, train = config["data"], config["model"], config["train"]
-    preset = model["attention"]
-    standard = (
-        model.get("width_multiplier", 1) == 1
-        and not model.get("single_head")
-        and model.get("nonlinearity") in (None, "relu")
-    )
-    if not standard:
+    if model.get("width_multiplier", 1) != 1 or model.get("single_head"):
         return None
-    table = (
-        TABLE_A1_MOE
-        if model.get("moe_experts") == 5 and model.get("moe_top_k") == 2
-        else (TABLE_A1 if not model.get("moe_experts") else {})
-    )
+    moe = model.get("moe_experts") or 0
+    if moe and not (moe == 5 and model.get("moe_top_k") == 2):
+        return None
     if data["task"] == "fuzzy_logic":
         ok = (
             data["holdout"] == 0.7
             and data["num_variables"] == 4
             and data["num_terms"] == 2
             and data["num_examples"] == 32
+            and not data.get("num_unseen_terms")
             and model["num_layers"] == 2
             and model["emb_dim"] == 128
+            and model["num_heads"] == 8
         )
-        return table[preset][0] if ok and preset in table else None
-    ok = (
-        data["holdout"] == 0.25
-        and data["num_features"] == 4
-        and data["num_values"] == 8
-        and model["num_layers"] == 4
-        and model["emb_dim"] == 128
-        and train["steps"] == 156250
-    )
-    if ok and preset in table:
-        return table[preset][1]
-    if ok and not model.get("moe_experts") and preset in NONLINEARITIES_SRAVEN:
-        return NONLINEARITIES_SRAVEN[preset]
-    return None
+        column = 0
+    elif data["task"] == "sraven":
+        ok = (
+            data["holdout"] == 0.25
+            and data["num_features"] == 4
+            and data["num_values"] == 8
+            and data.get("grid_size", 3) == 3
+            and model["num_layers"] == 4
+            and model["emb_dim"] == 128
+            and model["num_heads"] == 16
+            and train["steps"] * train["batch_size"] == 156250 * 128
+        )
+        column = 1
+    else:
+        return None
+    if not ok:
+        return None
+    if moe:
+        return {k: v[column] for k, v in TABLE_A1_MOE.items()}, "Table A1, MoE"
+    table = {k: v[column] for k, v in TABLE_A1.items()}
+    if column == 1:
+        table.update({k: v for k, v in NONLINEARITIES_SRAVEN.items() if k not in table})
+    return table, "Table A1"
+
+
+def paper_reference(config: dict[str, Any]) -> tuple[float, float] | None:
+    """The paper's OOD number (mean, s.e. in %) for this configuration when it matches a Table A1
+    setting (SRAVEN: default sizes and 20M problems; fuzzy logic: holdout 0.7, N = 32), else None."""
+    found, preset = _table(config), _preset(config["model"])
+    return found[0].get(preset) if found and preset else None
+
+
+def paper_row(config: dict[str, Any]) -> str | None:
+    """Where :func:`paper_reference` comes from, e.g. ``"Table A1: HYLA"``."""
+    from hyla.attention.config import PRESET_TITLES
+
+    found, preset = _table(config), _preset(config["model"])
+    if not found or preset not in found[0]:
+        return None
+    if preset in NONLINEARITIES_SRAVEN and preset not in TABLE_A1:
+        return f"review discussion: HYLA, {preset.removeprefix('hyla_')}"
+    title = PRESET_TITLES.get(preset, preset)
+    return f"{found[1]}: {title}" + (" + MoE" if "MoE" in found[1] else "")

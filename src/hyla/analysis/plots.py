@@ -44,15 +44,31 @@ def _panel_grid(n: int, width: float = 3.6, height: float = 3.3):
 
 
 def embedding_panels(
-    features_by_panel: list, labels, label_names: list[str], out: Path, method: str = "pca", titles: list[str] = ()
+    features_by_panel: list,
+    labels,
+    label_names: list[str],
+    out: Path,
+    method: str = "pca",
+    titles: list[str] = (),
+    max_points: int | None = None,
 ) -> tuple[Path, int]:
-    """2-D embedding (PCA or t-SNE) of each feature matrix, points coloured by label; one panel each."""
+    """2-D embedding (PCA or t-SNE) of each ``(points, dim)`` matrix, coloured by label; one panel each.
+
+    ``max_points`` subsamples the points (the same ones in every panel; t-SNE is quadratic)."""
     import numpy as np
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
 
     if method not in ("pca", "tsne"):
         raise ValueError(f"method={method!r} is not valid; allowed values: pca, tsne")
+    if not features_by_panel:
+        raise ValueError("features_by_panel is empty: nothing to draw")
+    labels = np.asarray(labels)
+    if any(len(x) != len(labels) for x in features_by_panel):
+        raise ValueError(f"every feature matrix needs one row per label ({len(labels)})")
+    if max_points is not None and len(labels) > max_points:
+        keep = np.sort(np.random.default_rng(0).choice(len(labels), max_points, replace=False))
+        features_by_panel, labels = [x[keep] for x in features_by_panel], labels[keep]
     fig, axes = _panel_grid(len(features_by_panel))
     cmap = plt.get_cmap("tab10")
     for i, (ax, x) in enumerate(zip(axes, features_by_panel)):
@@ -85,6 +101,8 @@ def rule_heatmaps(
         lim = float(abs(m).max()) or 1.0
         im = ax.imshow(m, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_yticks(range(len(rule_names)), rule_names, fontsize=7)
+        heads = m.shape[1]
+        ax.set_xticks(range(0, heads, max(1, heads // 8)))
         ax.set_xlabel("head")
         ax.set_title(f"layer {layer}")
         fig.colorbar(im, ax=ax, fraction=0.046)
@@ -108,3 +126,68 @@ def sweep_plot(series: dict[str, tuple[list, list, list]], xlabel: str, ylabel: 
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def scatter_plot(
+    x: list[float], y: list[float], names: list[str], xlabel: str, ylabel: str, out: Path, title: str = ""
+) -> Path:
+    """One labelled point per run (e.g. topographic similarity against OOD accuracy)."""
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    ax.scatter(x, y)
+    for xi, yi, name in zip(x, y, names):
+        ax.annotate(name, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def sraven_latent_figures(
+    latents: dict,
+    out_dir: Path,
+    prefix: str = "",
+    methods: tuple[str, ...] = ("pca", "tsne"),
+    max_points: int = 2000,
+) -> list[Path]:
+    """The latent-code pictures of one SRAVEN run from :func:`~hyla.analysis.latents.collect_latents` arrays.
+
+    ``{prefix}latents_{method}.png``: one panel per layer, every answer slot's code at that layer (both
+    keys, all heads) embedded in 2-D, coloured by the slot's rule. ``{prefix}mean_code_per_rule.png``: one
+    panel per layer, the mean code (over slots and both keys) per rule (rows) and head (columns), minus
+    the mean over rules (the head profile all rules share would hide what differs between rules)."""
+    import numpy as np
+
+    from hyla.analysis.probes import slot_features
+
+    if "query_rule" not in latents:
+        raise ValueError("latents need SRAVEN 'codes' and 'query_rule' (from collect_latents)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [str(n) for n in latents.get("rule_names", [f"rule {i}" for i in range(8)])]
+    labels = latents["query_rule"].reshape(-1)
+    codes = latents["codes"]  # (N, F, L, K, H)
+    num_layers = codes.shape[2]
+    per_layer = [slot_features(codes, layer) for layer in range(num_layers)]
+    titles = [f"layer {i}" for i in range(num_layers)]
+    paths = []
+    for method in methods:
+        path = out_dir / f"{prefix}latents_{method}.png"
+        embedding_panels(per_layer, labels, names, path, method, titles, max_points=max_points)
+        paths.append(path)
+    slot_codes = codes.reshape(-1, *codes.shape[2:]).mean(axis=2)  # (slots, L, H): mean over the keys
+    present = np.unique(labels)
+    means_LxRxH = np.stack([slot_codes[labels == r].mean(0) for r in present], axis=1)
+    path = out_dir / f"{prefix}mean_code_per_rule.png"
+    rule_heatmaps(
+        means_LxRxH - means_LxRxH.mean(axis=1, keepdims=True),
+        [names[r] for r in present],
+        path,
+        title="mean latent code per rule, minus the mean over rules",
+    )
+    paths.append(path)
+    return paths

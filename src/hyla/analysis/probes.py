@@ -7,13 +7,13 @@ same probe fit on shuffled training labels (it must fall to chance if the probe 
 
 Fuzzy logic: ridge regression from the code of a sequence (per layer and head, mean and standard
 deviation over the context keys) to its term literals (+-1), fit on one half of the sequences and
-scored (R^2) on the other.
+scored (R^2) on the other; per layer and all layers, with the same shuffled-label control.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, RidgeCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -32,8 +32,16 @@ def fit_rule_probe(x_train: np.ndarray, y_train: np.ndarray, seed: int = 0) -> o
 
 def rule_probe(train: dict, ood: dict, seed: int = 0) -> dict:
     """Accuracy of decoding held-out tasks' rules, per layer and all layers, with baselines."""
+    for name, lat in (("train", train), ("ood", ood)):
+        if "query_rule" not in lat or "codes" not in lat:
+            raise ValueError(f"{name} latents need SRAVEN 'codes' and 'query_rule' (from collect_latents)")
+    if train["codes"].shape[2:] != ood["codes"].shape[2:]:
+        shapes = f"{train['codes'].shape} and {ood['codes'].shape}"
+        raise ValueError(f"train and ood codes must agree beyond (N, F); got {shapes}")
     rng = np.random.default_rng(seed)
     y_train, y_ood = train["query_rule"].reshape(-1), ood["query_rule"].reshape(-1)
+    if len(np.unique(y_train)) < 2:
+        raise ValueError("the training latents hold fewer than 2 distinct rules: raise num")
     num_layers = train["codes"].shape[2]
     _values, counts = np.unique(y_ood, return_counts=True)
     result: dict = {
@@ -63,25 +71,41 @@ def key_pooled(codes_NxLxKxH: np.ndarray) -> np.ndarray:
     return np.concatenate([codes_NxLxKxH.mean(2).reshape(n, -1), codes_NxLxKxH.std(2).reshape(n, -1)], axis=1)
 
 
+def _ridge_r2(
+    x: np.ndarray, y: np.ndarray, fit: np.ndarray, score: np.ndarray, shuffled_fit: np.ndarray
+) -> tuple[float, float]:
+    """R^2 on ``score`` of ridge fits on ``fit`` with the true and with the shuffled labels."""
+    alphas = np.logspace(-3, 3, 13)
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[fit])
+    shuffled = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[shuffled_fit])
+    return float(model.score(x[score], y[score])), float(shuffled.score(x[score], y[score]))
+
+
 def term_probe(codes: np.ndarray, terms_NxKxL: np.ndarray, seed: int = 0) -> dict:
     """Ridge R^2 of the term literals (+-1) from features of the code; fit on half, scored on the rest.
 
     ``codes`` is either the extracted ``(N, layers, keys, heads)`` array (pooled over keys, see
-    :func:`key_pooled`) or any ``(N, features)`` matrix. The ridge strength is chosen by
-    cross-validation on the fitting half."""
-    from sklearn.linear_model import RidgeCV
-
-    rng = np.random.default_rng(seed)
+    :func:`key_pooled`; then also scored per layer under ``layers``) or any ``(N, features)`` matrix.
+    R^2 is sklearn's, averaged uniformly over the K*L literals. The ridge strength is chosen by
+    cross-validation on the fitting half. Control: the same fit with the sequences' labels shuffled."""
     n = len(codes)
+    if n < 8 or len(terms_NxKxL) != n:
+        raise ValueError(
+            f"term_probe needs >= 8 sequences, one terms entry each; got {n} codes, {len(terms_NxKxL)} terms"
+        )
+    rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     fit, score = order[: n // 2], order[n // 2 :]
-    x = key_pooled(codes) if codes.ndim == 4 else codes.reshape(n, -1)
+    shuffled_fit = rng.permutation(fit)
     y = np.where(terms_NxKxL, 1.0, -1.0).reshape(n, -1)
-    alphas = np.logspace(-3, 3, 13)
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[fit])
-    shuffled = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[rng.permutation(fit)])
-    return {
-        "r2": float(model.score(x[score], y[score])),
-        "shuffled_label_r2": float(shuffled.score(x[score], y[score])),
-        "num": int(n),
-    }
+    layers = {}
+    if codes.ndim == 4:
+        x = key_pooled(codes)
+        for layer in range(codes.shape[1]):
+            r2, ctl = _ridge_r2(key_pooled(codes[:, layer : layer + 1]), y, fit, score, shuffled_fit)
+            layers[str(layer)] = {"r2": r2, "shuffled_label_r2": ctl}
+    else:
+        x = codes.reshape(n, -1)
+    r2, ctl = _ridge_r2(x, y, fit, score, shuffled_fit)
+    layers["all"] = {"r2": r2, "shuffled_label_r2": ctl}
+    return {"r2": r2, "shuffled_label_r2": ctl, "num": int(n), "num_fit": len(fit), "layers": layers}

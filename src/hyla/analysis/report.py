@@ -3,8 +3,12 @@
 Runs with the same configuration except ``seed``, ``name`` and ``train.data_seed`` form a group; the
 table gives mean +- standard error (s.e. = std / sqrt(n), ddof 1; 0 for a single run) of the final
 evaluation on every split, with the paper's Table A1 number beside it when the configuration is a
-Table A1 setting. If groups differ in one of ``SWEEP_KEYS`` (besides the attention variant), an OOD
-versus that key plot is drawn per variant.
+Table A1 setting (:mod:`hyla.analysis.paper`). Figures: learning curves (one panel per evaluated
+split, one line per run); for each of ``SWEEP_KEYS`` in which the groups differ, OOD (mean +- s.e.)
+against that key per attention variant, one factor at a time (:func:`sweep_series`); with
+``--latents N`` (default 512) the latent-code section: rule/term probe, topographic similarity (and
+its correlation with OOD accuracy across runs, with a scatter plot), and for the first run of each
+configuration the PCA / t-SNE embeddings per layer and the mean code per rule (SRAVEN).
 """
 
 from __future__ import annotations
@@ -12,15 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
-from hyla.analysis.paper import paper_reference
-from hyla.analysis.plots import learning_curves, sweep_plot
+from hyla.analysis.paper import paper_reference, paper_row
+from hyla.analysis.plots import learning_curves, scatter_plot, sweep_plot
 from hyla.analysis.runs import Run, load_run
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
-SWEEP_KEYS = ("data.holdout", "model.num_layers", "model.width_multiplier", "train.steps", "model.single_head")
+SWEEP_KEYS = (
+    "data.holdout",
+    "model.num_layers",
+    "model.width_multiplier",
+    "train.steps",
+    "model.single_head",
+)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -56,35 +68,161 @@ def _label(config: dict[str, Any], varying: list[str]) -> str:
     return flat["model.attention"] + (f" ({', '.join(parts)})" if parts else "")
 
 
-def build_report(run_dirs: list[str | Path], out: Path) -> str:
+def _sweep_x(config: dict[str, Any], key: str) -> float:
+    flat = flatten(config)
+    if key == "train.steps":  # the data axis: problems seen = steps * batch size
+        return flat["train.steps"] * flat["train.batch_size"]
+    return flat[key]
+
+
+Series = dict[str, tuple[list, list, list]]
+
+
+def sweep_series(summary: list[dict[str, Any]], key: str, varying: list[str]) -> Series:
+    """OOD (mean, s.e.) against ``key`` per attention variant, one factor at a time.
+
+    Groups enter when every *other* varying key (besides the attention) has its most common value over
+    the groups, so a Fig. 4-style collection (base, deeper, wider, more data) gives one sweep per axis."""
+    others = [k for k in varying if k not in (key, "model.attention")]
+    flats = [flatten(e["config"]) for e in summary]
+    base = {}
+    for k in others:
+        values = [json.dumps(f.get(k)) for f in flats]
+        base[k] = max(values, key=values.count)
+    series: Series = {}
+    at_base = [all(json.dumps(f.get(k)) == base[k] for k in others) for f in flats]
+    chosen = [e for e, ok in zip(summary, at_base) if ok and "ood" in e]
+    for e in sorted(chosen, key=lambda e: _sweep_x(e["config"], key)):
+        xs, ms, ses = series.setdefault(flatten(e["config"])["model.attention"], ([], [], []))
+        xs.append(_sweep_x(e["config"], key))
+        ms.append(e["ood"][0])
+        ses.append(e["ood"][1])
+    return series if len({x for xs, _, _ in series.values() for x in xs}) >= 2 else {}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
+
+
+def latent_section(
+    groups: dict[str, list[Run]], labels: dict[str, str], out: Path, num: int, permutations: int
+) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """Markdown lines, figure names and per-run results of the latent-code analysis of every run with a
+    checkpoint (figures for the first run of each configuration)."""
+    from hyla.analysis.summary import analyze_run, topsim_across_runs
+    from hyla.train.checkpoint import latest_checkpoint
+
+    results, figures = [], []
+    for key, members in groups.items():
+        drawn = False
+        for r in members:
+            if latest_checkpoint(r.path) is None:
+                continue
+            prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
+            res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
+            res["label"], res["name"] = labels[key], r.name
+            figures += res.get("figures", [])
+            drawn = True
+            results.append(res)
+    if not results:
+        return ["No run has a checkpoint: no latent-code analysis."], [], []
+    if results[0]["task"] == "sraven":
+        lines = [
+            f"Latest checkpoint of each run; codes of {num} problems of training tasks (`test`) and "
+            f"{num} of held-out tasks (`ood`). Rule probe (all layers): logistic regression fit on the "
+            "first, scored on the second; chance = most frequent OOD rule; control = fit on shuffled "
+            "labels. Topographic similarity on the `ood` task codes: Spearman rho with the `slots` / "
+            "`semantic` task distance, permutation p-value (`latents.json` has every layer).",
+            "",
+            "| configuration | run | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
+            "| shuffled control (%) | topsim rho slots (p) | topsim rho semantic (p) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for res in results:
+            pr, ts, every = res["probe"], res["topsim"], res["probe"]["layers"]["all"]
+            lines.append(
+                f"| {res['label']} | {res['name']} | {100 * ts['ood_acc']:.2f} "
+                f"| {100 * every['ood_acc']:.1f} "
+                f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
+                f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
+                f"| {ts['semantic']['rho']:.3f} ({ts['semantic']['p_value']:.3g}) |"
+            )
+        across = topsim_across_runs([res["topsim"] for res in results])
+        lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
+        for kind, c in across.items():
+            extra = f", p = {c['p_value']:.3g}" if "p_value" in c else f" ({c.get('note', '')})"
+            lines.append(f"- {kind}: {c['spearman']:.3f} over {c['num_runs']} runs{extra}")
+        if len(results) >= 2:
+            name = "topsim_vs_ood.png"
+            scatter_plot(
+                [res["topsim"]["slots"]["rho"] for res in results],
+                [100 * res["topsim"]["ood_acc"] for res in results],
+                [f"{res['label']}/{res['name']}" for res in results],
+                "topographic similarity (rho, slots distance)",
+                "OOD accuracy (%)",
+                out / name,
+            )
+            figures.append(name)
+    else:
+        lines = [
+            f"Latest checkpoint of each run; codes of {num} sequences of training combinations "
+            "(`test`). Term probe: ridge R^2 of the +-1 term literals from the code pooled over context "
+            "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
+            "",
+            "| configuration | run | term probe R^2 | shuffled control |",
+            "|---|---|---|---|",
+        ]
+        for res in results:
+            pr = res["probe"]
+            r2, ctl = pr["r2"], pr["shuffled_label_r2"]
+            lines.append(f"| {res['label']} | {res['name']} | {r2:.3f} | {ctl:.3f} |")
+    return lines, figures, results
+
+
+def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permutations: int = 1000) -> str:
+    """Write ``out/report.md`` and its figures; return the main table (markdown).
+
+    ``latents > 0`` adds the latent-code section (probe, topographic similarity, embeddings) computed
+    on that many problems per split for every run with a checkpoint."""
     runs = [load_run(p) for p in run_dirs]
     if not runs:
         raise ValueError("give at least one run directory")
+    if latents < 0:
+        raise ValueError(f"latents={latents} must be >= 0")
+    tasks = sorted({r.config["data"]["task"] for r in runs})
+    if len(tasks) > 1:
+        raise ValueError(f"the runs mix tasks ({', '.join(tasks)}): report one task at a time")
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
     flat_keys = [flatten(json.loads(k)) for k in groups]
     varying = sorted({k for f in flat_keys for k in f if len({json.dumps(g.get(k)) for g in flat_keys}) > 1})
     splits = [s for s in ("train", "test", "ood", "unseen_terms") if any(r.final(s) for r in runs)]
     metric = runs[0].primary_metric
-    rows, summary = [], []
-    for members in groups.values():
+    unit = "accuracy" if metric == "acc" else "R^2"
+    columns = [(s, metric, f"{s} {unit} (%)") for s in splits]
+    if any((r.final("ood") or {}).get("feature_acc") is not None for r in runs):  # SRAVEN: per answer feature
+        columns.append(("ood", "feature_acc", "ood per-feature acc (%)"))
+    rows, summary, labels = [], [], {}
+    for key, members in groups.items():
         cfg = members[0].config
-        cells, entry = [], {"label": _label(cfg, varying), "n": len(members), "config": cfg}
-        for s in splits:
-            values = [100 * r.final(s)[metric] for r in members if r.final(s)]
+        labels[key] = _label(cfg, varying)
+        cells, entry = [], {"label": labels[key], "n": len(members), "config": cfg}
+        for s, name, _title in columns:
+            values = [100 * r.final(s)[name] for r in members if r.final(s) and name in r.final(s)]
             if values:
                 m, se = mean_se(values)
                 cells.append(f"{m:.2f} +- {se:.2f}")
-                entry[s] = (m, se)
+                if name == metric:
+                    entry[s] = (m, se)
             else:
                 cells.append("-")
         ref = paper_reference(cfg)
-        cells.append(f"{ref[0]:.2f} +- {ref[1]:.2f}" if ref else "-")
+        cells += [f"{ref[0]:.2f} +- {ref[1]:.2f}", str(paper_row(cfg))] if ref else ["-", "-"]
         rows.append(f"| {entry['label']} | {len(members)} | " + " | ".join(cells) + " |")
         summary.append(entry)
-    unit = "accuracy" if metric == "acc" else "R^2"
-    header = "| configuration | seeds | " + " | ".join(f"{s} {unit} (%)" for s in splits) + " | paper OOD (%) |"
-    table = "\n".join([header, "|" + "---|" * (len(splits) + 3), *rows])
+    titles = " | ".join(title for _s, _m, title in columns)
+    header = f"| configuration | seeds | {titles} | paper OOD (%) | paper row |"
+    table = "\n".join([header, "|" + "---|" * (len(columns) + 4), *rows])
 
     learning_curves(
         runs,
@@ -95,35 +233,36 @@ def build_report(run_dirs: list[str | Path], out: Path) -> str:
     )
     figures = ["learning_curves.png"]
     for key in SWEEP_KEYS:
-        if key not in varying or not set(varying) <= {key, "model.attention"}:
+        if key not in varying:
             continue
-        series: dict[str, tuple[list, list, list]] = {}
-        for e in sorted(summary, key=lambda e: flatten(e["config"])[key]):
-            if "ood" in e:
-                xs, ms, ses = series.setdefault(flatten(e["config"])["model.attention"], ([], [], []))
-                xs.append(flatten(e["config"])[key])
-                ms.append(e["ood"][0])
-                ses.append(e["ood"][1])
-        name = f"ood_vs_{key.split('.')[-1]}.png"
-        sweep_plot(series, key, f"OOD {unit} (%)", out / name)
-        figures.append(name)
-    text = (
-        f"# hyla report\n\nRuns: {len(runs)} in {len(groups)} configuration(s); final evaluation of each run, "
-        f"mean +- s.e. over seeds. Paper: Table A1 where the configuration matches it.\n\n{table}\n\n"
-        + "\n".join(f"![{f}]({f})" for f in figures)
-        + "\n\nRun directories:\n"
-        + "\n".join(f"- `{r.path}`" for r in runs)
-        + "\n"
-    )
-    (out / "report.md").write_text(text)
+        series = sweep_series(summary, key, varying)
+        if series:
+            name = f"ood_vs_{key.split('.')[-1]}.png"
+            xlabel = "training problems (steps x batch)" if key == "train.steps" else key
+            sweep_plot(series, xlabel, f"OOD {unit} (%)", out / name)
+            figures.append(name)
+    sections = [
+        f"# hyla report\n\nRuns: {len(runs)} in {len(groups)} configuration(s); final evaluation of each "
+        f"run, mean +- s.e. over seeds (s.e. = sample std / sqrt(n); 0 for one seed). Paper: Table A1 "
+        f"(mean +- s.e., 3 seeds) where the configuration matches it.\n\n{table}\n",
+        "\n".join(f"![{f}]({f})" for f in figures) + "\n",
+    ]
+    if latents:
+        lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
+        sections.append(
+            "## Latent code\n\n" + "\n".join(lines) + "\n\n" + "".join(f"![{f}]({f})\n" for f in latent_figs)
+        )
+        (out / "latents.json").write_text(json.dumps(results, indent=2, default=str))
+    sections.append("Run directories:\n\n" + "\n".join(f"- `{r.path}`" for r in runs) + "\n")
+    (out / "report.md").write_text("\n".join(sections))
     return table
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        table = build_report(args.runs, Path(args.out))
+        table = build_report(args.runs, Path(args.out), args.latents, args.permutations)
     except ValueError as err:
-        print(f"hyla report: error: {err}")
+        print(f"hyla report: error: {err}", file=sys.stderr)
         return 2
     print(table)
     print(f"\nreport: {Path(args.out) / 'report.md'}")
@@ -133,5 +272,13 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="tables (mean +- s.e. over seeds) and plots over run directories")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="DIR for report.md and the PNG figures")
+    p.add_argument(
+        "--latents",
+        type=int,
+        default=512,
+        metavar="N",
+        help="latent-code section on N problems per split for runs with a checkpoint (0: skip)",
+    )
+    p.add_argument("--permutations", type=int, default=1000, help="topographic-similarity permutation test")
     p.set_defaults(func=run)
