@@ -23,6 +23,7 @@ from hyla.attention.kernels import (
     chunked_hypernetwork_attention,
     dispatch,
     fused_hypernetwork_attention,
+    fused_self_test,
     fused_unsupported_reason,
 )
 from hyla.attention.kernels.op import interpreter_enabled
@@ -315,3 +316,38 @@ def test_module_chunked_equals_reference(preset: str) -> None:
     gb = torch.autograd.grad(b.square().sum(), [x, *chunked.parameters()])
     # softmax's key-bias gradient is exactly zero in theory (shift invariance): compare it absolutely
     assert all((y - z).norm() <= 1e-5 * max(z.norm().item(), 1.0) for y, z in zip(gb, ga))
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_self_test_passes_for_a_working_kernel(device: torch.device, dtype: torch.dtype) -> None:
+    q = torch.randn(2, 3, 5, 4, device=device, dtype=dtype)
+    v = torch.randn(2, 3, 5, 6, device=device, dtype=dtype)
+    for mask, bias in ((False, False), (True, True)):
+        assert fused_self_test(q, v, attention_preset("hyla_silu"), with_mask=mask, with_bias=bias) is None
+
+
+def test_auto_skips_a_kernel_whose_self_test_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that raises (e.g. does not compile on this GPU) or computes wrong numbers is not used by
+    ``auto``: the signature is remembered, a warning names the cause, and the direct form runs."""
+    import hyla.attention.kernels as kernels
+
+    q = torch.randn(1, 2, 4, 3)
+    cfg = attention_preset("hyla")
+
+    def broken(*args: object, **kwargs: object) -> Tensor:
+        raise RuntimeError("PTX compilation failed")
+
+    monkeypatch.setattr(kernels, "fused_hypernetwork_attention", broken)
+    monkeypatch.setattr(kernels, "_SELF_TESTS", {})
+    assert "RuntimeError: PTX compilation failed" in (fused_self_test(q, q, cfg, with_mask=True, with_bias=False) or "")
+    monkeypatch.setattr(kernels, "_WARNED", set())
+    with pytest.warns(UserWarning, match="self-test failed for this signature: RuntimeError: PTX"):
+        assert kernels._checked(q, q, cfg, None, None) is False
+    assert len(kernels._SELF_TESTS) == 1
+
+    def wrong(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
+        return hypernetwork_attention(q, k, v, config, **kwargs)[0] * 1.01
+
+    monkeypatch.setattr(kernels, "fused_hypernetwork_attention", wrong)
+    assert "y differs from the direct form" in (fused_self_test(q, q, cfg, with_mask=False, with_bias=True) or "")

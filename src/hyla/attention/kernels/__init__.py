@@ -16,13 +16,18 @@ direct form in :mod:`hyla.attention.functional`:
   :class:`FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
 * ``auto``: ``fused`` on CUDA tensors when the case is covered; otherwise the reference, with a
   one-time warning per cause when the tensors are on CUDA (on CPU the reference is the expected path
-  and nothing is said).
+  and nothing is said). Before ``auto`` first uses the kernel for a new signature (device, dtype,
+  heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
+  signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
+  fails to compile or disagrees is not used for that signature (warning once). Under
+  ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel.
 """
 
 from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import Tensor
 
 from hyla.attention.config import AttentionConfig
@@ -41,10 +46,13 @@ __all__ = [
     "chunked_hypernetwork_attention",
     "dispatch",
     "fused_hypernetwork_attention",
+    "fused_self_test",
     "fused_unsupported_reason",
 ]
 
 _WARNED: set[str] = set()
+#: signature -> None (the kernel passed its self-test) or why it failed
+_SELF_TESTS: dict[tuple, str | None] = {}
 
 
 def _warn_once(reason: str) -> None:
@@ -55,6 +63,71 @@ def _warn_once(reason: str) -> None:
             "using the reference (direct) form",
             stacklevel=3,
         )
+
+
+def _signature(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> tuple:
+    return (
+        str(q.device),
+        q.dtype,
+        q.shape[1],
+        q.shape[3],
+        v.shape[3],
+        config.normalization,
+        config.nonlinearity,
+        mask is not None,
+        bias is not None,
+        bias is not None and bias.requires_grad,
+    )
+
+
+def fused_self_test(
+    q_BxHxQxE: Tensor, v_BxHxKxD: Tensor, config: AttentionConfig, *, with_mask: bool, with_bias: bool
+) -> str | None:
+    """Run the fused kernel on 1 x H x 17 x 19 random inputs shaped like ``q``/``v`` (device, dtype, H, E,
+    D: the same compiled kernels) forward and backward against the direct form; None if it agrees
+    (relative error < 1e-3 in fp32, 5e-2 in bf16/fp16), else why not (the exception or the error)."""
+    from hyla.attention.functional import hypernetwork_attention
+
+    device, dtype = q_BxHxQxE.device, q_BxHxQxE.dtype
+    heads, e, d = q_BxHxQxE.shape[1], q_BxHxQxE.shape[3], v_BxHxKxD.shape[3]
+    gen = torch.Generator().manual_seed(0)
+    nq, nk = 17, 19
+    inputs = [torch.randn(1, heads, n, w, generator=gen) for n, w in ((nq, e), (nk, e), (nk, d))]
+    bias = torch.randn(1, heads, nq, nk, generator=gen) if with_bias else None
+    mask = (torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + 2)[None, None] if with_mask else None
+    dy = torch.randn(1, heads, nq, d, generator=gen)
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    try:
+        with torch.enable_grad():
+            leaves = [t.to(device, dtype).requires_grad_() for t in inputs]
+            ref_leaves = [t.double().requires_grad_() for t in inputs]
+            b_dev = None if bias is None else bias.to(device).requires_grad_()
+            b_ref = None if bias is None else bias.double().requires_grad_()
+            m_dev = None if mask is None else mask.to(device)
+            y = fused_hypernetwork_attention(*leaves, config, mask_Bx1xQxK=m_dev, bias=b_dev)
+            ref, _ = hypernetwork_attention(*ref_leaves, config, mask_Bx1xQxK=mask, bias=b_ref)
+            got = torch.autograd.grad(y, [*leaves, *([b_dev] if b_dev is not None else [])], dy.to(device, dtype))
+            want = torch.autograd.grad(ref, [*ref_leaves, *([b_ref] if b_ref is not None else [])], dy.double())
+    except Exception as err:  # any failure (compilation, launch) means: do not use it
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    for name, a, b in zip(("y", "dq", "dk", "dv", "dbias"), (y, *got), (ref, *want)):
+        err = ((a.detach().double().cpu() - b.detach()).norm() / b.detach().norm().clamp_min(1e-30)).item()
+        if not err < tol:
+            return f"{name} differs from the direct form by {err:.1e} (relative; tolerance {tol:.0e})"
+    return None
+
+
+def _checked(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> bool:
+    """Whether ``auto`` may use the fused kernel for this signature (self-test once, eagerly)."""
+    key = _signature(q, v, config, mask, bias)
+    if key not in _SELF_TESTS:
+        if torch.compiler.is_compiling():
+            return True
+        _SELF_TESTS[key] = fused_self_test(q, v, config, with_mask=mask is not None, with_bias=bias is not None)
+    failure = _SELF_TESTS[key]
+    if failure is not None:
+        _warn_once(f"its self-test failed for this signature: {failure}")
+    return failure is None
 
 
 def dispatch(
@@ -98,5 +171,7 @@ def dispatch(
     reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if reason is not None:
         _warn_once(reason)
+        return None
+    if not _checked(q, v, config, mask, bias):
         return None
     return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
