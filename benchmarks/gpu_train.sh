@@ -2,14 +2,15 @@
 # Measure the training-throughput goals on a CUDA GPU (run from the repository root on the GPU machine).
 # Writes JSON under ${OUT:-results/gpu}. Goals (one H100): HYLA SRAVEN 156,250 steps <= 5 min (>= 521 steps/s),
 # three stacked seeds <= 8 min (>= 326 stacked steps/s), fuzzy logic 50k steps <= 1 min (>= 833 steps/s).
+# --time-eval adds the config's evaluations to the projected wall time; --check-syncs fails on host syncs.
 set -euo pipefail
 out=${OUT:-results/gpu}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-src}
 python -m hyla bench train --task sraven --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
-  --json "$out/train_sraven_eager.json"
-python -m hyla bench train --task sraven --variants hyla --seeds 3 --steps 200 --device cuda --compile \
-  --json "$out/train_sraven_compiled.json"
+  --check-syncs --json "$out/train_sraven_eager.json"
+python -m hyla bench train --task sraven --variants hyla --seeds 3 --steps 200 --device cuda --fast --time-eval \
+  --json "$out/train_sraven_fast.json"
 python -m hyla bench train --task fuzzy_logic --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
-  --compile --json "$out/train_fuzzy_compiled.json"
+  --fast --time-eval --json "$out/train_fuzzy_fast.json"
 python -m hyla bench step --task sraven --variants softmax,linear,hyla --device cuda --json "$out/step_sraven.json"
