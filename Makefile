@@ -41,8 +41,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 --json results/bench_step_sraven_cpu.json
 	$(BIN)/hyla bench step --task fuzzy_logic --variants softmax,linear,hyla --steps 30 --json results/bench_step_fuzzy_cpu.json
-	$(BIN)/hyla bench data --task sraven --batch-sizes 128,4096,16384 --repeats 20 --ambiguity 100000
-	$(BIN)/hyla bench train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 30
+	$(BIN)/hyla bench data --task sraven --batch-sizes 128,4096,16384 --repeats 10 --ambiguity 100000
+	$(BIN)/hyla bench train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 20 --repeats 3 --json results/train_throughput_fuzzy_cpu.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
