@@ -468,4 +468,6 @@ class Trainer:
         if self.writer is not None:
             self.writer.close()
         if self.dist.world > 1 and dist.is_initialized():
+            # tearing gloo down while the other rank is still in a collective aborts the process
+            dist.barrier()
             dist.destroy_process_group()
