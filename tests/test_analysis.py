@@ -17,22 +17,9 @@ from hyla.cli import main
 from hyla.tasks import make_task
 from hyla.tasks.sraven import RULE_NAMES
 from hyla.train.loop import load_trained
+from tiny import tiny_overrides
 
-TINY = [
-    "model.num_layers=2",
-    "model.emb_dim=16",
-    "model.num_heads=2",
-    "model.qk_dim=8",
-    "model.v_dim=8",
-    "model.mlp_dim=32",
-    "train.steps=6",
-    "train.eval_every=3",
-    "train.eval_size=64",
-    "train.eval_batch_size=32",
-    "train.log_every=3",
-    "train.checkpoint_every=3",
-    "train.batch_size=16",
-]
+TINY = tiny_overrides(layers=2, steps=6, every=3)
 
 
 @pytest.fixture(scope="module")

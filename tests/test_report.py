@@ -14,6 +14,7 @@ from hyla.analysis.report import build_report, group_runs, mean_se, sweep_series
 from hyla.analysis.runs import load_run
 from hyla.cli import main
 from hyla.train.config import load_config
+from tiny import tiny_overrides
 
 
 def fake_run(root: Path, name: str, seed: int, ood: float, **overrides: object) -> Path:
@@ -87,21 +88,7 @@ def test_report_rejects_mixed_tasks(tmp_path: Path, capsys) -> None:
     assert "mix tasks" in capsys.readouterr().err
 
 
-TINY = [
-    "model.num_layers=1",
-    "model.emb_dim=16",
-    "model.num_heads=2",
-    "model.qk_dim=8",
-    "model.v_dim=8",
-    "model.mlp_dim=32",
-    "train.steps=6",
-    "train.eval_every=3",
-    "train.eval_size=64",
-    "train.eval_batch_size=32",
-    "train.log_every=3",
-    "train.checkpoint_every=3",
-    "train.batch_size=16",
-]
+TINY = tiny_overrides(layers=1, steps=6, every=3)
 
 
 @pytest.fixture(scope="module")

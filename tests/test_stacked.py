@@ -16,23 +16,9 @@ from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import compile_mode, uses_cudagraphs
 from hyla.train.loop import NonFiniteLossError
 from hyla.train.stacked import StackedTrainer, stack_groups
+from tiny import tiny_overrides
 
-TINY = [
-    "model.num_layers=2",
-    "model.emb_dim=16",
-    "model.num_heads=2",
-    "model.qk_dim=8",
-    "model.v_dim=8",
-    "model.mlp_dim=32",
-    "train.steps=8",
-    "train.eval_every=4",
-    "train.eval_size=64",
-    "train.eval_batch_size=32",
-    "train.log_every=2",
-    "train.checkpoint_every=4",
-    "train.batch_size=16",
-    "train.warmup_steps=2",
-]
+TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
 
 
 def metrics(path: Path) -> list[dict]:

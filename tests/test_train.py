@@ -16,29 +16,11 @@ from hyla.cli import main
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer, lr_at
-
-TINY_MODEL = [
-    "model.num_layers=1",
-    "model.emb_dim=16",
-    "model.num_heads=2",
-    "model.qk_dim=8",
-    "model.v_dim=8",
-    "model.mlp_dim=32",
-]
+from tiny import tiny_overrides
 
 
 def tiny(task: str, steps: int = 8, **extra: object) -> list[str]:
-    overrides = [
-        *TINY_MODEL,
-        f"train.steps={steps}",
-        "train.eval_every=4",
-        "train.eval_size=64",
-        "train.eval_batch_size=32",
-        "train.log_every=2",
-        "train.checkpoint_every=4",
-        "train.batch_size=16",
-        "train.warmup_steps=2",
-    ]
+    overrides = tiny_overrides(layers=1, steps=steps, every=4, log_every=2, warmup_steps=2)
     return [task, *overrides, *(f"{k}={v}" for k, v in extra.items())]
 
 

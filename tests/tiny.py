@@ -1,0 +1,31 @@
+"""Config overrides for tiny, seconds-long runs shared by the training, stacking and analysis tests."""
+
+from __future__ import annotations
+
+
+def tiny_overrides(
+    *,
+    layers: int = 1,
+    steps: int = 8,
+    every: int = 4,
+    log_every: int | None = None,
+    warmup_steps: int | None = None,
+) -> list[str]:
+    """A 16-wide model of ``layers`` blocks trained ``steps`` steps of 16 problems, evaluated and
+    checkpointed ``every`` steps on 64 problems (logged every ``log_every``, default ``every``)."""
+    overrides = [
+        f"model.num_layers={layers}",
+        "model.emb_dim=16",
+        "model.num_heads=2",
+        "model.qk_dim=8",
+        "model.v_dim=8",
+        "model.mlp_dim=32",
+        f"train.steps={steps}",
+        f"train.eval_every={every}",
+        "train.eval_size=64",
+        "train.eval_batch_size=32",
+        f"train.log_every={log_every or every}",
+        f"train.checkpoint_every={every}",
+        "train.batch_size=16",
+    ]
+    return overrides + ([f"train.warmup_steps={warmup_steps}"] if warmup_steps is not None else [])
