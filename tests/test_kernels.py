@@ -351,3 +351,17 @@ def test_auto_skips_a_kernel_whose_self_test_fails(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(kernels, "fused_hypernetwork_attention", wrong)
     assert "y differs from the direct form" in (fused_self_test(q, q, cfg, with_mask=False, with_bias=True) or "")
+
+
+def test_fused_is_not_used_inside_vmap() -> None:
+    """Stacked runs vmap the model; the custom op has no batching rule, so ``auto`` must not pick it."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    reasons: list[str | None] = []
+
+    def attend(q: Tensor) -> Tensor:
+        reasons.append(fused_unsupported_reason(q, q, q, attention_preset("hyla")))
+        return q
+
+    torch.vmap(attend)(torch.randn(3, 1, 2, 4, 4))
+    assert reasons == ["inside torch.vmap (e.g. stacked runs): the op has no batching rule"]

@@ -191,6 +191,7 @@ class Trainer:
         mode = compile_mode(cfg.train, self.device, distributed=self.dist.world > 1)  # train.compile / train.fast
         self._cudagraphs = uses_cudagraphs(mode, self.device)
         if mode is not None:
+            self._verify_kernels_eagerly()
             self.forward_model = torch.compile(self.forward_model, mode=mode)  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
@@ -295,6 +296,19 @@ class Trainer:
         if self.writer is not None:
             for k, v in values.items():
                 self.writer.add_scalar(f"{split}/{k}", v, step)
+
+    def _verify_kernels_eagerly(self) -> None:
+        """One eager forward on two problems before compiling: ``backend="auto"`` self-tests the fused
+        kernel for this model's signatures only outside ``torch.compile`` tracing. Uses its own
+        generator and eval mode, so the run's data and random streams are untouched."""
+        if self.device.type != "cuda":
+            return
+        batch = self.task.sample(2, "train", torch.Generator(self.device).manual_seed(0))
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            self.model(batch.inputs, last_positions=self.task.num_output_positions)
+        self.model.train(was_training)
 
     def _autocast(self) -> Any:
         if not self.cfg.train.bf16:

@@ -63,6 +63,8 @@ def fused_unsupported_reason(
         return f"normalization={config.normalization!r} (the kernel covers {covered})"
     if not triton_available():
         return "triton is not installed (pip install 'hyla[kernels]')"
+    if any(_is_batched(t) for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)):
+        return "inside torch.vmap (e.g. stacked runs): the op has no batching rule"
     device = q_BxHxQxE.device
     if device.type == "cpu":
         if not interpreter_enabled():
@@ -91,6 +93,11 @@ def fused_unsupported_reason(
         if t is not None and t.device != device:
             return f"{name} is on {t.device}, q on {device}"
     return None
+
+
+def _is_batched(t: Tensor) -> bool:
+    """A functorch BatchedTensor, i.e. we are inside ``torch.vmap``."""
+    return torch._C._functorch.is_batchedtensor(t)
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None) -> None:
