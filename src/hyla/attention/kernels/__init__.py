@@ -20,7 +20,9 @@ direct form in :mod:`hyla.attention.functional`:
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
   signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
   fails to compile or disagrees is not used for that signature (warning once). Under
-  ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel.
+  ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel (the
+  trainer therefore runs one eager forward before compiling). Inside ``torch.vmap`` (stacked runs) the
+  op has no batching rule: ``auto`` uses the direct form there.
 """
 
 from __future__ import annotations
