@@ -38,6 +38,7 @@ from hyla.attention.kernels.op import (
     FusedUnavailableError,
     fused_hypernetwork_attention,
     fused_unsupported_reason,
+    launch_fused,
 )
 
 BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "chunked")
@@ -78,7 +79,6 @@ def _signature(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | Non
         config.nonlinearity,
         mask is not None,
         bias is not None,
-        bias is not None and bias.requires_grad,
     )
 
 
@@ -176,4 +176,4 @@ def dispatch(
         return None
     if not _checked(q, v, config, mask, bias):
         return None
-    return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+    return launch_fused(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)  # checked just above

@@ -266,6 +266,19 @@ def fused_hypernetwork_attention(
             f"backend='fused' cannot run this case: {reason}. Use backend='auto' (falls back to the "
             "reference), 'chunked' or 'reference'."
         )
+    return launch_fused(q, k, v, config, mask_Bx1xQxK=mask_Bx1xQxK, bias=bias)
+
+
+def launch_fused(
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    config: AttentionConfig,
+    *,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """:func:`fused_hypernetwork_attention` without its checks, for callers that made them already."""
     return _fused_attention(
         q_BxHxQxE,
         k_BxHxKxE,
