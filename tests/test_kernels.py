@@ -262,7 +262,8 @@ def test_fused_says_why_without_interpreter_on_cpu(monkeypatch: pytest.MonkeyPat
         assert reason is not None and "TRITON_INTERPRET=1" in reason
     with pytest.raises(FusedUnavailableError, match="backend='fused'"):
         dispatch("fused", q, q, q, attention_preset("hyla"))
-    assert dispatch("auto", q, q, q, attention_preset("hyla")) is None  # CPU: the reference, silently
+    y = dispatch("auto", q, q, q, attention_preset("hyla"))  # CPU: the explicit-backward form, silently
+    assert y is not None and torch.allclose(y, hypernetwork_attention(q, q, q, attention_preset("hyla"))[0])
     assert dispatch("reference", q, q, q, attention_preset("hyla")) is None
 
 

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from hyla.runtime import tune_cpu_allocator
+
 #: subcommand -> module providing ``register(subparsers)``; imported lazily so ``hyla --help`` is fast
 SUBCOMMANDS: dict[str, str] = {
     "demo": "hyla.train.demo",
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if command is None else 2
+    tune_cpu_allocator()
     return int(args.func(args) or 0)
 
 

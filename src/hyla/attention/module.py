@@ -18,10 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from hyla.attention import functional as fn
-from hyla.attention.config import AttentionConfig, attention_preset
+from hyla.attention.config import BACKENDS, AttentionConfig, attention_preset
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
-
-BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "chunked")
 
 
 class HookPoint(nn.Module):
@@ -105,9 +103,10 @@ class Attention(nn.Module):
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
-        backend: ``auto`` | ``reference`` | ``fused`` | ``chunked``; how the hyper value network is
-            computed (see ``hyla.attention.kernels``; ``chunked`` processes ``chunk_size`` queries at a
-            time). The latent code and hooks always use the reference path.
+        backend: ``auto`` | ``reference`` | ``explicit`` | ``fused`` | ``chunked``; how the hyper value
+            network is computed (see ``hyla.attention.kernels``: ``auto`` is ``fused`` on CUDA and
+            ``explicit``, the direct form with a hand-derived backward, elsewhere; ``chunked`` processes
+            ``chunk_size`` queries at a time). The latent code and hooks always use the reference path.
     """
 
     def __init__(

@@ -3,7 +3,8 @@
 For each T (batch B = batch_tokens / T, so B*T is fixed), H heads of d_head: forward and
 forward+backward of the core (q, k, v -> heads) for
 
-* ``hyla_reference`` (direct form, B*T*T*d hidden tensor), ``hyla_chunked`` (blocks of queries),
+* ``hyla_reference`` (direct form, B*T*T*d hidden tensor), ``hyla_explicit`` (the same with a
+  hand-derived backward; what ``backend="auto"`` runs on CPU), ``hyla_chunked`` (blocks of queries),
   ``hyla_fused`` (the Triton kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``, where it is
   reported as unavailable with the reason otherwise);
 * ``sdpa_softmax`` (``F.scaled_dot_product_attention``; FlashAttention on CUDA), ``eager_softmax``,
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 from hyla.bench import device_label, require_device
 
-VARIANTS = ("hyla_reference", "hyla_chunked", "hyla_fused", "sdpa_softmax", "eager_softmax", "linear")
+VARIANTS = ("hyla_reference", "hyla_explicit", "hyla_chunked", "hyla_fused", "sdpa_softmax", "eager_softmax", "linear")
 
 
 def _core(variant: str, chunk_size: int):
@@ -42,6 +43,10 @@ def _core(variant: str, chunk_size: int):
     hyla = attention_preset("hyla")
     if variant == "hyla_reference":
         return lambda q, k, v: hypernetwork_attention(q, k, v, hyla)[0]
+    if variant == "hyla_explicit":
+        from hyla.attention.kernels import explicit_hypernetwork_attention
+
+        return lambda q, k, v: explicit_hypernetwork_attention(q, k, v, hyla)
     if variant == "hyla_chunked":
         return lambda q, k, v: chunked_hypernetwork_attention(q, k, v, hyla, chunk_size=chunk_size)
     if variant == "hyla_fused":

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable,
             "-c",
-            "import json,sys; from hyla.bench.step import time_variant; "
+            "import json,sys; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
+            "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
             f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions})))",
         ]

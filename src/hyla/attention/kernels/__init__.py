@@ -4,6 +4,11 @@
 direct form in :mod:`hyla.attention.functional`:
 
 * ``reference``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
+* ``explicit``: :mod:`hyla.attention.kernels.explicit`, the direct form's arithmetic as an
+  ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
+  ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
+  dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` both ``explicit``
+  and ``auto`` trace the direct form instead (Inductor fuses its passes);
 * ``chunked``: :mod:`hyla.attention.kernels.chunked`, pure PyTorch, ``chunk_size`` queries at a time,
   memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device;
 * ``fused``: :mod:`hyla.attention.kernels.op`, a Triton kernel (forward and backward) that never
@@ -14,9 +19,9 @@ direct form in :mod:`hyla.attention.functional`:
   ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
   (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
   :class:`FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
-* ``auto``: ``fused`` on CUDA tensors when the case is covered; otherwise the reference, with a
-  one-time warning per cause when the tensors are on CUDA (on CPU the reference is the expected path
-  and nothing is said). Before ``auto`` first uses the kernel for a new signature (device, dtype,
+* ``auto``: on CPU (any non-CUDA device), ``explicit`` when it covers the case, else the reference,
+  silently. On CUDA, ``fused`` when the case is covered; otherwise the reference, with a
+  one-time warning per cause. Before ``auto`` first uses the kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
   signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
   fails to compile or disagrees is not used for that signature (warning once). Under
@@ -32,8 +37,9 @@ import warnings
 import torch
 from torch import Tensor
 
-from hyla.attention.config import AttentionConfig
+from hyla.attention.config import BACKENDS, AttentionConfig
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
+from hyla.attention.kernels.explicit import explicit_hypernetwork_attention, explicit_unsupported_reason
 from hyla.attention.kernels.op import (
     FusedUnavailableError,
     fused_hypernetwork_attention,
@@ -41,13 +47,12 @@ from hyla.attention.kernels.op import (
     launch_fused,
 )
 
-BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "chunked")
-
 __all__ = [
     "BACKENDS",
     "FusedUnavailableError",
     "chunked_hypernetwork_attention",
     "dispatch",
+    "explicit_hypernetwork_attention",
     "fused_hypernetwork_attention",
     "fused_self_test",
     "fused_unsupported_reason",
@@ -167,9 +172,15 @@ def dispatch(
     q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
     if backend == "fused":
         return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    # auto
-    if q.device.type != "cuda":
-        return None
+    if backend == "explicit" or (backend == "auto" and q.device.type != "cuda"):
+        if torch.compiler.is_compiling():
+            # Dynamo's tracing of this autograd.Function trips a PyTorch internal assert in the
+            # backward (torch 2.13); compiled, Inductor fuses the direct form's passes itself.
+            return None
+        if backend == "auto" and explicit_unsupported_reason(config, q, k, v, mask, bias) is not None:
+            return None
+        return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+    # auto on CUDA
     reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if reason is not None:
         _warn_once(reason)

@@ -1,0 +1,43 @@
+"""Process-level settings for the ``hyla`` command line (not applied on ``import hyla``)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: glibc refuses an mmap threshold above half its heap size (32 MiB on 64-bit)
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+TRIM_THRESHOLD_BYTES = 2**30
+
+
+def tune_cpu_allocator() -> bool:
+    """Let glibc's malloc keep and reuse freed blocks of up to 32 MiB instead of unmapping them.
+
+    PyTorch's CPU allocator is plain ``malloc``. By default glibc serves blocks of a few MiB (HYLA's
+    ``B x H x Q x K`` score tensors are 10 MiB at SRAVEN sizes) with ``mmap`` or returns them to the
+    kernel on ``free``, so every new tensor of that size page-faults on first touch: on the 2-core
+    machine that costs about as much as the arithmetic of an elementwise op on it, and a training
+    step does dozens (``results/bench_step_cpu.md``). Raising the mmap and trim thresholds keeps
+    those blocks in the heap for reuse; the cost is that the process keeps its peak memory instead
+    of returning it. Same effect as ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` in the
+    environment, or preloading jemalloc/tcmalloc as PyTorch's CPU tuning guide suggests.
+
+    Applies only on Linux with glibc; ``HYLA_TUNE_MALLOC=0`` turns it off. Returns whether it applied.
+    """
+    if os.environ.get("HYLA_TUNE_MALLOC", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok_mmap = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    ok_trim = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    return bool(ok_mmap and ok_trim)
