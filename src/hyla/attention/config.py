@@ -24,7 +24,7 @@ NORMALIZATIONS: tuple[str, ...] = ("softmax", "none", "rms_head")
 VALUE_NETWORKS: tuple[str, ...] = ("linear", "hyper", "hyper_deep")
 NONLINEARITIES: tuple[str, ...] = ("relu", "silu", "gelu", "sigmoid", "tanh", "identity")
 #: how ``Attention`` computes a hyper value network (see :mod:`hyla.attention.kernels`)
-BACKENDS: tuple[str, ...] = ("auto", "reference", "explicit", "fused", "chunked")
+BACKENDS: tuple[str, ...] = ("auto", "reference", "explicit", "fused_cpu", "fused", "chunked")
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,11 @@ class Attention(nn.Module):
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
-        backend: ``auto`` | ``reference`` | ``explicit`` | ``fused`` | ``chunked``; how the hyper value
-            network is computed (see ``hyla.attention.kernels``: ``auto`` is ``fused`` on CUDA and
-            ``explicit``, the direct form with a hand-derived backward, elsewhere; ``chunked`` processes
-            ``chunk_size`` queries at a time). The latent code and hooks always use the reference path.
+        backend: ``auto`` | ``reference`` | ``explicit`` | ``fused_cpu`` | ``fused`` | ``chunked``; how the
+            hyper value network is computed (see ``hyla.attention.kernels``: ``auto`` is ``fused``, the
+            Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
+            ``chunked`` processes ``chunk_size`` queries at a time). The latent code and hooks always use
+            the reference path.
     """
 
     def __init__(

@@ -4,6 +4,11 @@
 direct form in :mod:`hyla.attention.functional`:
 
 * ``reference``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
+* ``fused_cpu``: :mod:`hyla.attention.kernels.cpu`, a C kernel (OpenMP, forward and backward) that
+  never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
+  ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32/float64, masks, biases
+  broadcastable to ``1xHxQxK``, first-order gradients, eager and not inside ``torch.vmap``; otherwise
+  it raises :class:`CpuKernelUnavailableError` naming the cause;
 * ``explicit``: :mod:`hyla.attention.kernels.explicit`, the direct form's arithmetic as an
   ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
   ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
@@ -19,9 +24,10 @@ direct form in :mod:`hyla.attention.functional`:
   ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
   (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
   :class:`FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
-* ``auto``: on CPU (any non-CUDA device), ``explicit`` when it covers the case, else the reference,
-  silently. On CUDA, ``fused`` when the case is covered; otherwise the reference, with a
-  one-time warning per cause. Before ``auto`` first uses the kernel for a new signature (device, dtype,
+* ``auto``: on CPU (any non-CUDA device), ``fused_cpu`` when it covers the case (and a C compiler is
+  there), else ``explicit`` when that covers it (e.g. bfloat16), else the reference, silently. On
+  CUDA, ``fused`` when the case is covered; otherwise the reference, with a one-time warning per cause.
+  Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
   signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
   fails to compile or disagrees is not used for that signature (warning once). Under
@@ -39,6 +45,11 @@ from torch import Tensor
 
 from hyla.attention.config import BACKENDS, AttentionConfig
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
+from hyla.attention.kernels.cpu import (
+    CpuKernelUnavailableError,
+    fused_cpu_hypernetwork_attention,
+    fused_cpu_unsupported_reason,
+)
 from hyla.attention.kernels.explicit import explicit_hypernetwork_attention, explicit_unsupported_reason
 from hyla.attention.kernels.op import (
     FusedUnavailableError,
@@ -49,10 +60,12 @@ from hyla.attention.kernels.op import (
 
 __all__ = [
     "BACKENDS",
+    "CpuKernelUnavailableError",
     "FusedUnavailableError",
     "chunked_hypernetwork_attention",
     "dispatch",
     "explicit_hypernetwork_attention",
+    "fused_cpu_hypernetwork_attention",
     "fused_hypernetwork_attention",
     "fused_self_test",
     "fused_unsupported_reason",
@@ -172,13 +185,18 @@ def dispatch(
     q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
     if backend == "fused":
         return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+    if backend == "fused_cpu":
+        return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if backend == "explicit" or (backend == "auto" and q.device.type != "cuda"):
         if torch.compiler.is_compiling():
-            # Dynamo's tracing of this autograd.Function trips a PyTorch internal assert in the
+            # Dynamo's tracing of these autograd.Functions trips a PyTorch internal assert in the
             # backward (torch 2.13); compiled, Inductor fuses the direct form's passes itself.
             return None
-        if backend == "auto" and explicit_unsupported_reason(config, q, k, v, mask, bias) is not None:
-            return None
+        if backend == "auto":
+            if fused_cpu_unsupported_reason(config, q, k, v, mask, bias) is None:
+                return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+            if explicit_unsupported_reason(config, q, k, v, mask, bias) is not None:
+                return None
         return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     # auto on CUDA
     reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)

@@ -1,0 +1,254 @@
+"""Fused HYLA on CPU: a small C kernel (``csrc/hyla_cpu.c``), forward and backward.
+
+Each (batch, query) row computes its scores for all heads and keys, RMSHead, the generated value
+network and its output in a few KiB of scratch, so no ``B x H x Q x K`` tensor is ever written; the
+backward recomputes the row (as FlashAttention does) instead of storing it. On the 2-core machine
+this is what brings a HYLA training step close to softmax's (``results/bench_step_cpu.md``).
+
+The C file is compiled on first use with the system C compiler (``cc``/``gcc``/``clang`` with
+OpenMP; ``HYLA_CC`` overrides) into ``~/.cache/hyla/kernels`` (``HYLA_CACHE_DIR`` overrides), keyed by
+the source, the flags, the compiler and the CPU, and loaded through ctypes; no PyTorch headers, so
+it builds in about a second. Without a working compiler it is unavailable and ``backend="auto"``
+uses :mod:`hyla.attention.kernels.explicit` instead.
+
+Covers ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32 and float64, any
+mask broadcastable to ``Bx1xQxK`` and any bias broadcastable to ``1xHxQxK``; first-order gradients;
+eager only (under ``torch.compile`` or ``torch.vmap`` the callers use the direct form).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from hyla.attention.config import AttentionConfig
+
+SOURCE = Path(__file__).with_name("csrc") / "hyla_cpu.c"
+FLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99",
+    # lets the compiler vectorize the sums over keys; unlike -ffast-math it changes no global FPU state
+    "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+)  # fmt: skip
+PHI_IDS = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
+DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+NORMALIZATIONS = ("rms_head", "none")
+
+
+class CpuKernelUnavailableError(NotImplementedError):
+    """The fused CPU kernel cannot run this case (the message says why)."""
+
+
+_LIBRARY: ctypes.CDLL | None = None
+_LOAD_ERROR: str | None = None
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("HYLA_CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_signature() -> str:
+    try:  # the flags decide what -march=native may use
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compile(compiler: str, flags: tuple[str, ...], out_dir: Path) -> Path:
+    objects = []
+    for real, suffix in (("float", "f32"), ("double", "f64")):
+        obj = out_dir / f"{suffix}.o"
+        cmd = [compiler, *flags, "-c", f"-DREAL={real}", f"-DSUFFIX={suffix}", str(SOURCE), "-o", str(obj)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
+        objects.append(str(obj))
+    built = out_dir / "lib.so"
+    done = subprocess.run([compiler, *flags, *objects, "-lm", "-o", str(built)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"linking the CPU kernel failed:\n{done.stderr.strip()[-2000:]}")
+    return built
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    cache = Path(os.environ.get("HYLA_CACHE_DIR", Path.home() / ".cache" / "hyla")) / "kernels"
+    target = cache / f"hyla_cpu_{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        try:
+            built = _compile(compiler, FLAGS, Path(tmp))
+        except RuntimeError:  # e.g. Apple clang has no OpenMP: one thread is still far better than none
+            built = _compile(compiler, tuple(f for f in FLAGS if f != "-fopenmp"), Path(tmp))
+        os.replace(built, target)  # atomic: concurrent processes never load a half-written library
+    return target
+
+
+def load_library() -> ctypes.CDLL:
+    """The compiled kernel (building it on first use); raises CpuKernelUnavailableError if it cannot."""
+    global _LIBRARY, _LOAD_ERROR
+    if _LIBRARY is not None:
+        return _LIBRARY
+    if _LOAD_ERROR is None:
+        compiler = _compiler()
+        if compiler is None:
+            _LOAD_ERROR = "no C compiler found (cc, gcc or clang; or set HYLA_CC)"
+        else:
+            try:
+                _LIBRARY = ctypes.CDLL(str(_build(compiler)))
+                return _LIBRARY
+            except (OSError, RuntimeError) as err:
+                _LOAD_ERROR = f"building it failed: {err}"
+    raise CpuKernelUnavailableError(f"the fused CPU kernel is unavailable: {_LOAD_ERROR}")
+
+
+def fused_cpu_unsupported_reason(
+    config: AttentionConfig,
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> str | None:
+    """None when :func:`fused_cpu_hypernetwork_attention` can run this case, else why not."""
+    if config.value_network != "hyper":
+        return f"value_network={config.value_network!r} (only 'hyper')"
+    if config.normalization not in NORMALIZATIONS:
+        return f"normalization={config.normalization!r} (only {', '.join(NORMALIZATIONS)})"
+    tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
+    if any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors):
+        return "inside torch.vmap (e.g. stacked runs)"
+    if torch.compiler.is_compiling():
+        return "under torch.compile"
+    if any(t is not None and t.device.type != "cpu" for t in tensors):
+        return "tensors not on the CPU"
+    dtypes = {t.dtype for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)}
+    if len(dtypes) > 1 or q_BxHxQxE.dtype not in DTYPES:
+        return f"dtype {sorted(str(d) for d in dtypes)} (covered: float32, float64)"
+    if bias is not None and bias.dim() > 3 and any(n != 1 for n in bias.shape[:-3]):
+        return f"a bias that varies over the batch (shape {tuple(bias.shape)}; covered: broadcastable to 1xHxQxK)"
+    try:
+        load_library()
+    except CpuKernelUnavailableError as err:
+        return str(err)
+    return None
+
+
+def _pointer(t: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(None if t is None else t.data_ptr())
+
+
+def _shape_args(q: Tensor, kT: Tensor, vT: Tensor) -> list[ctypes.c_int]:
+    b, h, nq, e = q.shape
+    return [ctypes.c_int(n) for n in (b, h, nq, kT.shape[-1], e, vT.shape[2])]
+
+
+class _FusedCpuHyla(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
+    ) -> Tensor:
+        lib, suffix = load_library(), DTYPES[q.dtype]
+        real = ctypes.c_float if suffix == "f32" else ctypes.c_double
+        b, h, nq, _ = q.shape
+        y = q.new_empty(b, h, nq, vT.shape[2])
+        keep_batched = int(keep is not None and keep.shape[0] > 1)
+        failed = getattr(lib, f"hyla_forward_{suffix}")(
+            _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
+            *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)), real(eps),
+            ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()), _pointer(y),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+        return y
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        q, kT, vT, bias, keep, phi, rms, eps = inputs
+        ctx.save_for_backward(q, kT, vT, bias, keep)
+        ctx.phi, ctx.rms, ctx.eps = phi, rms, eps
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        q, kT, vT, bias, keep = ctx.saved_tensors
+        lib, suffix = load_library(), DTYPES[q.dtype]
+        real = ctypes.c_float if suffix == "f32" else ctypes.c_double
+        threads = torch.get_num_threads()
+        dy = dy.contiguous()  # bound to a name: the C call reads its memory
+        dq, dkT, dvT = torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT)
+        want_dbias = bias is not None and ctx.needs_input_grad[3]
+        dbias_parts = q.new_empty(threads, *bias.shape) if want_dbias else None
+        keep_batched = int(keep is not None and keep.shape[0] > 1)
+        failed = getattr(lib, f"hyla_backward_{suffix}")(
+            _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
+            *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(ctx.rms)), real(ctx.eps),
+            ctypes.c_int(ctx.phi), ctypes.c_int(threads), _pointer(dy),
+            _pointer(dq), _pointer(dkT), _pointer(dvT), _pointer(dbias_parts),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+        dbias = dbias_parts.sum(0) if dbias_parts is not None else None
+        return dq, dkT, dvT, dbias, None, None, None, None
+
+
+def fused_cpu_hypernetwork_attention(
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    config: AttentionConfig,
+    *,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention` by the fused CPU kernel.
+
+    ``mask_Bx1xQxK`` is bool broadcastable to ``Bx1xQxK`` (True = may attend); ``bias`` broadcastable to
+    ``1xHxQxK`` (its gradient is summed back to its shape). Raises :class:`CpuKernelUnavailableError`
+    naming the cause for a case it does not cover (:func:`fused_cpu_unsupported_reason`).
+    """
+    reason = fused_cpu_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
+    if reason is not None:
+        raise CpuKernelUnavailableError(f"backend='fused_cpu' cannot run this case: {reason}")
+    dtype = q_BxHxQxE.dtype
+    h, nq, nk = q_BxHxQxE.shape[1], q_BxHxQxE.shape[2], k_BxHxKxE.shape[2]
+    keep = None
+    if mask_Bx1xQxK is not None:  # (1 or B) x Q x K bytes
+        mask4 = mask_Bx1xQxK.reshape((1,) * (4 - mask_Bx1xQxK.dim()) + tuple(mask_Bx1xQxK.shape))
+        keep = mask4.expand(mask4.shape[0], 1, nq, nk).reshape(-1, nq, nk).to(torch.uint8).contiguous()
+    bias_HxQxK = None
+    if bias is not None:
+        bias_HxQxK = bias.to(dtype).expand(*bias.shape[:-3], h, nq, nk).reshape(h, nq, nk).contiguous()
+    kT = k_BxHxKxE.transpose(-1, -2).contiguous()
+    vT = v_BxHxKxD.transpose(-1, -2).contiguous()
+    return _FusedCpuHyla.apply(
+        q_BxHxQxE.contiguous(),
+        kT,
+        vT,
+        bias_HxQxK,
+        keep,
+        PHI_IDS[config.nonlinearity],
+        config.normalization == "rms_head",
+        config.rms_eps,
+    )

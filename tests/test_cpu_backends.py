@@ -1,0 +1,214 @@
+"""The CPU paths of HYLA against the direct form: ``fused_cpu`` (C kernel; what ``auto`` uses on CPU)
+and ``explicit`` (hand-derived backward in PyTorch ops; the fallback for what the kernel does not cover)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyla.attention import Attention, attention_preset
+from hyla.attention.functional import hypernetwork_attention
+from hyla.attention.kernels import (
+    CpuKernelUnavailableError,
+    dispatch,
+    explicit_hypernetwork_attention,
+    fused_cpu_hypernetwork_attention,
+)
+from hyla.attention.kernels.cpu import fused_cpu_unsupported_reason
+from hyla.attention.kernels.explicit import explicit_unsupported_reason
+
+IMPLEMENTATIONS = {"explicit": explicit_hypernetwork_attention, "fused_cpu": fused_cpu_hypernetwork_attention}
+
+B, H, Q, K, E, D = 3, 5, 7, 9, 3, 4
+MASKS = {
+    "none": None,
+    "random_Bx1xQxK": lambda: torch.rand(B, 1, Q, K) > 0.3,
+    "causal_1x1xQxK": lambda: (torch.arange(K)[None] <= torch.arange(Q)[:, None] + 2)[None, None],
+    "padding_Bx1x1xK": lambda: torch.rand(B, 1, 1, K) > 0.3,
+    "QxK": lambda: torch.rand(Q, K) > 0.3,
+}
+BIAS_SHAPES = {"none": None, "1xHxQxK": (1, H, Q, K), "HxQxK": (H, Q, K), "Hx1xK": (H, 1, K), "BxHxQxK": (B, H, Q, K)}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _compare(impl, config, mask, bias_shape, dtype=torch.float64, gen_seed=0) -> list[float]:
+    """Relative errors of y and every gradient, ``impl`` (in ``dtype``) vs the direct form in float64."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    shapes = [(B, H, Q, E), (B, H, K, E), (B, H, K, D)] + ([bias_shape] if bias_shape else [])
+    base = [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
+    ref_in = [t.clone().requires_grad_() for t in base]
+    got_in = [t.to(dtype).requires_grad_() for t in base]
+    bias_ref = ref_in[3] if bias_shape else None
+    bias_got = got_in[3] if bias_shape else None
+    y_ref, _ = hypernetwork_attention(*ref_in[:3], config, mask_Bx1xQxK=mask, bias=bias_ref)
+    y_got = IMPLEMENTATIONS[impl](*got_in[:3], config, mask_Bx1xQxK=mask, bias=bias_got)
+    dy = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
+    g_ref = torch.autograd.grad(y_ref, ref_in, dy)
+    g_got = torch.autograd.grad(y_got, got_in, dy.to(dtype))
+    return [_rel(y_got, y_ref)] + [_rel(a, b) for a, b in zip(g_got, g_ref)]
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+@pytest.mark.parametrize("normalization", ["rms_head", "none"])
+@pytest.mark.parametrize("phi", ["relu", "silu", "gelu", "sigmoid", "tanh", "identity"])
+def test_equals_direct_form_every_phi(impl: str, normalization: str, phi: str) -> None:
+    config = attention_preset("hyla", normalization=normalization, nonlinearity=phi)
+    errors = _compare(impl, config, MASKS["random_Bx1xQxK"](), (1, H, Q, K))
+    assert max(errors) < 1e-12, errors
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("bias_name", list(BIAS_SHAPES))
+def test_equals_direct_form_every_mask_and_bias(impl: str, mask_name: str, bias_name: str) -> None:
+    mask = MASKS[mask_name]() if MASKS[mask_name] else None
+    if impl == "fused_cpu" and bias_name == "BxHxQxK":
+        with pytest.raises(CpuKernelUnavailableError, match="varies over the batch"):
+            _compare(impl, attention_preset("hyla"), mask, BIAS_SHAPES[bias_name])
+        return
+    errors = _compare(impl, attention_preset("hyla"), mask, BIAS_SHAPES[bias_name])
+    assert max(errors) < 1e-12, errors
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+def test_float32_tolerance(impl: str) -> None:
+    mask = MASKS["causal_1x1xQxK"]()
+    assert max(_compare(impl, attention_preset("hyla"), mask, (1, H, Q, K), torch.float32)) < 1e-4
+
+
+def test_bfloat16_explicit_and_not_fused_cpu() -> None:
+    config, mask = attention_preset("hyla"), MASKS["causal_1x1xQxK"]()
+    assert max(_compare("explicit", config, mask, (1, H, Q, K), torch.bfloat16)) < 2e-2
+    q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
+    assert "float32, float64" in fused_cpu_unsupported_reason(config, q, q, q)
+    y = dispatch("auto", q, q, q, config)  # auto: explicit for what the C kernel does not cover
+    assert y is not None and y.dtype == torch.bfloat16
+
+
+def test_fused_cpu_same_result_with_one_or_many_threads() -> None:
+    config, mask = attention_preset("hyla"), MASKS["random_Bx1xQxK"]()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _compare("fused_cpu", config, mask, (H, Q, K))
+        torch.set_num_threads(max(threads, 3))
+        many = _compare("fused_cpu", config, mask, (H, Q, K))
+    finally:
+        torch.set_num_threads(threads)
+    assert max(one) < 1e-12 and max(many) < 1e-12, (one, many)
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+def test_gradcheck(impl: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 2, generator=gen, dtype=torch.float64, requires_grad=True) for n in (4, 5, 5))
+    bias = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(2, 1, 4, 5, generator=gen) > 0.2
+    config = attention_preset("hyla_gelu")
+    assert torch.autograd.gradcheck(
+        lambda *t: IMPLEMENTATIONS[impl](*t[:3], config, mask_Bx1xQxK=mask, bias=t[3]), (q, k, v, bias)
+    )
+
+
+def test_auto_picks_the_c_kernel_on_cpu() -> None:
+    q, k, v = (torch.randn(2, 4, 6, 5, requires_grad=True) for _ in range(3))
+    y = dispatch("auto", q, k, v, attention_preset("hyla"), bias=torch.zeros(4, 6, 6))
+    assert y is not None and "FusedCpuHyla" in type(y.grad_fn).__name__
+
+
+@pytest.mark.parametrize("backend", ["auto", "explicit", "fused_cpu"])
+def test_module_matches_reference_with_parameter_gradients(backend: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 20)
+    fast = Attention(20, 4, "hyla", relative_position=True, causal=True, backend=backend)
+    ref = Attention(20, 4, "hyla", relative_position=True, causal=True, backend="reference")
+    ref.load_state_dict(fast.state_dict())
+    out_fast, out_ref = fast(x), ref(x)
+    assert _rel(out_fast, out_ref) < 1e-5
+    out_fast.square().sum().backward()
+    out_ref.square().sum().backward()
+    for (name, p), p_ref in zip(fast.named_parameters(), ref.parameters()):
+        assert _rel(p.grad, p_ref.grad) < 1e-4, name
+
+
+@pytest.mark.parametrize("preset", ["hyla_softmax", "hyla_plus", "softmax", "linear"])
+def test_uncovered_presets_fall_back_or_raise(preset: str) -> None:
+    config = attention_preset(preset)
+    q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
+    assert explicit_unsupported_reason(config) is not None
+    assert fused_cpu_unsupported_reason(config, q, k, v) is not None
+    if config.is_hyper:
+        assert dispatch("auto", q, k, v, config) is None  # the direct form
+    with pytest.raises(ValueError, match=r"value_network|normalization"):
+        explicit_hypernetwork_attention(q, k, v, config)
+    with pytest.raises(CpuKernelUnavailableError, match=r"value_network|normalization"):
+        fused_cpu_hypernetwork_attention(q, k, v, config)
+
+
+def test_fused_cpu_without_a_compiler_says_so_and_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyla.attention.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_LIBRARY", None)
+    monkeypatch.setattr(cpu, "_LOAD_ERROR", None)
+    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    q = torch.randn(1, 2, 3, 4)
+    config = attention_preset("hyla")
+    assert "no C compiler" in fused_cpu_unsupported_reason(config, q, q, q)
+    with pytest.raises(CpuKernelUnavailableError, match="no C compiler"):
+        dispatch("fused_cpu", q, q, q, config)
+    y = dispatch("auto", q, q, q, config)
+    assert y is not None and torch.allclose(y, hypernetwork_attention(q, q, q, config)[0])
+
+
+def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from hyla.attention.kernels import cpu
+
+    monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
+    compiler = cpu._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler on this machine")
+    built = cpu._build(compiler)
+    assert built.parent == tmp_path / "kernels" and built.suffix == ".so"
+    assert sorted(p.name for p in built.parent.iterdir()) == [built.name]  # no leftovers
+    assert cpu._build(compiler) == built  # cached
+
+
+def test_inside_vmap_auto_uses_the_direct_form() -> None:
+    config = attention_preset("hyla")
+    q, k, v = (torch.randn(2, 1, 3, 4, 2) for _ in range(3))
+
+    def one(q, k, v):
+        y = dispatch("auto", q, k, v, config)
+        return hypernetwork_attention(q, k, v, config)[0] if y is None else y
+
+    stacked = torch.vmap(one)(q, k, v)
+    for r in range(2):
+        assert _rel(stacked[r], hypernetwork_attention(q[r], k[r], v[r], config)[0]) < 1e-6
+
+
+def test_double_backward_raises() -> None:
+    q, k, v = (torch.randn(1, 2, 3, 2, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    y = explicit_hypernetwork_attention(q, k, v, attention_preset("hyla"))
+    (dq,) = torch.autograd.grad(y.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dq.sum(), q)
+
+
+def test_bad_backend_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="explicit"):
+        Attention(8, 2, "hyla", backend="nope")
+
+
+def test_cpu_allocator_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from hyla.runtime import tune_cpu_allocator
+
+    monkeypatch.setenv("HYLA_TUNE_MALLOC", "0")
+    assert tune_cpu_allocator() is False
+    monkeypatch.setenv("HYLA_TUNE_MALLOC", "1")
+    expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert tune_cpu_allocator() is expected
