@@ -28,6 +28,8 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
                 "1",
                 "--batch-size",
                 "8",
+                "--backend",
+                "explicit",
                 "--json",
                 str(step),
             ]
@@ -35,7 +37,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
         == 0
     )
     d = json.loads(step.read_text())
-    assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d
+    assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "explicit"
     assert all({"ms_per_step", "peak_mem_mb"} <= set(v) for v in d["variants"].values())
     data = tmp_path / "data.json"
     assert (

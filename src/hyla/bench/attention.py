@@ -4,7 +4,8 @@ For each T (batch B = batch_tokens / T, so B*T is fixed), H heads of d_head: for
 forward+backward of the core (q, k, v -> heads) for
 
 * ``hyla_reference`` (direct form, B*T*T*d hidden tensor), ``hyla_explicit`` (the same with a
-  hand-derived backward; what ``backend="auto"`` runs on CPU), ``hyla_chunked`` (blocks of queries),
+  hand-derived backward), ``hyla_fused_cpu`` (the C kernel ``backend="auto"`` runs on CPU; float32
+  and float64 only, reported unavailable otherwise), ``hyla_chunked`` (blocks of queries),
   ``hyla_fused`` (the Triton kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``, where it is
   reported as unavailable with the reason otherwise);
 * ``sdpa_softmax`` (``F.scaled_dot_product_attention``; FlashAttention on CUDA), ``eager_softmax``,
@@ -32,7 +33,16 @@ import torch.nn.functional as F
 
 from hyla.bench import device_label, require_device
 
-VARIANTS = ("hyla_reference", "hyla_explicit", "hyla_chunked", "hyla_fused", "sdpa_softmax", "eager_softmax", "linear")
+VARIANTS = (
+    "hyla_reference",
+    "hyla_explicit",
+    "hyla_fused_cpu",
+    "hyla_chunked",
+    "hyla_fused",
+    "sdpa_softmax",
+    "eager_softmax",
+    "linear",
+)
 
 
 def _core(variant: str, chunk_size: int):
@@ -47,6 +57,10 @@ def _core(variant: str, chunk_size: int):
         from hyla.attention.kernels import explicit_hypernetwork_attention
 
         return lambda q, k, v: explicit_hypernetwork_attention(q, k, v, hyla)
+    if variant == "hyla_fused_cpu":
+        from hyla.attention.kernels import fused_cpu_hypernetwork_attention
+
+        return lambda q, k, v: fused_cpu_hypernetwork_attention(q, k, v, hyla)
     if variant == "hyla_chunked":
         return lambda q, k, v: chunked_hypernetwork_attention(q, k, v, hyla, chunk_size=chunk_size)
     if variant == "hyla_fused":
@@ -86,6 +100,13 @@ def measure(
         from hyla.attention.kernels import fused_unsupported_reason
 
         reason = fused_unsupported_reason(q, k, v, attention_preset("hyla"))
+        if reason is not None:
+            return {"status": f"unavailable: {reason}"}
+    if variant == "hyla_fused_cpu":
+        from hyla.attention import attention_preset
+        from hyla.attention.kernels.cpu import fused_cpu_unsupported_reason
+
+        reason = fused_cpu_unsupported_reason(attention_preset("hyla"), q, k, v)
         if reason is not None:
             return {"status": f"unavailable: {reason}"}
     fn = _core(variant, chunk_size)

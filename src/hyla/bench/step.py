@@ -47,6 +47,7 @@ def time_variant(
     device: str,
     compile_model: bool = False,
     all_positions: bool = False,
+    backend: str = "auto",
 ) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     if all_positions:  # the model computes every position, as without Transformer(last_positions=...)
@@ -58,6 +59,7 @@ def time_variant(
         attention=variant,
         relative_position_buckets=seq_len,
         relative_position_max_distance=seq_len,
+        attention_backend=backend,
         **TASK_MODELS[task],
     )
     model = Transformer(cfg).to(device)
@@ -109,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(PRESETS)}")
     if args.task not in TASK_MODELS:
         raise SystemExit(f"--task must be one of {', '.join(TASK_MODELS)}, got {args.task!r}")
+    from hyla.attention.config import BACKENDS
+
+    if args.backend not in BACKENDS:
+        raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
     require_device(args.device)
     results: dict[str, dict[str, float]] = {}
     for v in variants:
@@ -118,13 +124,16 @@ def run(args: argparse.Namespace) -> int:
             "import json,sys; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
             "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
-            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions})))",
+            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r})))",
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)
     device_name = device_label(args.device)
     base = results.get("softmax", {}).get("ms_per_step")
-    print(f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__}")
+    print(
+        f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__} "
+        f"backend={args.backend}"
+    )
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
         ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
@@ -142,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                     "batch_size": args.batch_size,
                     "torch": torch.__version__,
                     "steps": args.steps,
+                    "backend": args.backend,
                 },
                 f,
                 indent=2,
@@ -158,6 +168,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="how attention computes hyper value networks: auto | reference | explicit | fused_cpu | fused | chunked",
+    )
     p.add_argument(
         "--all-positions",
         action="store_true",
