@@ -10,6 +10,7 @@ from hyla.attention import Attention, attention_preset
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels import (
     CpuKernelUnavailableError,
+    cpu_auto_choice,
     dispatch,
     explicit_hypernetwork_attention,
     fused_cpu_hypernetwork_attention,
@@ -117,6 +118,22 @@ def test_auto_picks_the_c_kernel_on_cpu() -> None:
     q, k, v = (torch.randn(2, 4, 6, 5, requires_grad=True) for _ in range(3))
     y = dispatch("auto", q, k, v, attention_preset("hyla"), bias=torch.zeros(4, 6, 6))
     assert y is not None and "FusedCpuHyla" in type(y.grad_fn).__name__
+
+
+def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
+    hyla = attention_preset("hyla")
+
+    def choice(b: int, nq: int, nk: int, head_dim: int, dtype: torch.dtype = torch.float32) -> str:
+        q = torch.empty(b, 16, nq, head_dim, dtype=dtype)
+        k = torch.empty(b, 16, nk, head_dim, dtype=dtype)
+        return cpu_auto_choice(hyla, q, k, k)
+
+    assert choice(128, 36, 36, 4) == "fused_cpu"  # SRAVEN's heads
+    assert choice(128, 36, 36, 16) == "explicit"
+    assert choice(128, 36, 36, 64) == "reference"
+    assert choice(1, 2048, 4096, 64) == "fused_cpu"  # 134M scores: the direct form would fault in GiBs
+    assert choice(128, 36, 36, 4, torch.bfloat16) == "explicit"  # the C kernel has no bfloat16
+    assert choice(128, 36, 36, 64, torch.bfloat16) == "reference"
 
 
 @pytest.mark.parametrize("backend", ["auto", "explicit", "fused_cpu"])

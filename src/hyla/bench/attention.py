@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     for t in seq_lens:
         for v in variants:
             call = (
-                f"import json; from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
+                "import json; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
+                f"from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
                 f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
                 f"{args.chunk_size})))"
             )

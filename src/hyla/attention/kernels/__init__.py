@@ -24,8 +24,10 @@ direct form in :mod:`hyla.attention.functional`:
   ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
   (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
   :class:`FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
-* ``auto``: on CPU (any non-CUDA device), ``fused_cpu`` when it covers the case (and a C compiler is
-  there), else ``explicit`` when that covers it (e.g. bfloat16), else the reference, silently. On
+* ``auto``: on CPU (any non-CUDA device), by :func:`cpu_auto_choice`: ``fused_cpu`` when it covers the
+  case (and a C compiler is there) and head dims are at most 8 or the scores tensor is large, else
+  ``explicit`` for head dims up to 16 when it covers the case (e.g. bfloat16), else the reference,
+  silently. On
   CUDA, ``fused`` when the case is covered; otherwise the reference, with a one-time warning per cause.
   Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
@@ -63,6 +65,7 @@ __all__ = [
     "CpuKernelUnavailableError",
     "FusedUnavailableError",
     "chunked_hypernetwork_attention",
+    "cpu_auto_choice",
     "dispatch",
     "explicit_hypernetwork_attention",
     "fused_cpu_hypernetwork_attention",
@@ -150,6 +153,36 @@ def _checked(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None,
     return failure is None
 
 
+#: ``auto`` on CPU (measured in ``results/attention_cpu.md``, head-dim sweep): the C kernel's loops over
+#: keys beat the direct form's batched matmuls for head dims up to FUSED_CPU_MAX_HEAD_DIM, and at any
+#: head dim once the direct form's ``B x H x Q x K`` tensors reach FUSED_CPU_MIN_SCORES elements
+#: (32 MiB in float32: from there each of them is a fresh mmap, page-faulted in on every step);
+#: ``explicit`` beats the direct form up to EXPLICIT_MAX_HEAD_DIM.
+FUSED_CPU_MAX_HEAD_DIM = 8
+FUSED_CPU_MIN_SCORES = 2**23
+EXPLICIT_MAX_HEAD_DIM = 16
+
+
+def cpu_auto_choice(
+    config: AttentionConfig,
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> str:
+    """What ``backend="auto"`` runs on CPU for this case: ``fused_cpu``, ``explicit`` or ``reference``."""
+    b, h, nq, e = q_BxHxQxE.shape
+    head_dim = max(e, v_BxHxKxD.shape[-1])
+    large = b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
+    tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
+    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_unsupported_reason(config, *tensors) is None:
+        return "fused_cpu"
+    if head_dim <= EXPLICIT_MAX_HEAD_DIM and explicit_unsupported_reason(config, *tensors) is None:
+        return "explicit"
+    return "reference"
+
+
 def dispatch(
     backend: str,
     q_BxHxQxE: Tensor,
@@ -192,11 +225,11 @@ def dispatch(
             # Dynamo's tracing of these autograd.Functions trips a PyTorch internal assert in the
             # backward (torch 2.13); compiled, Inductor fuses the direct form's passes itself.
             return None
-        if backend == "auto":
-            if fused_cpu_unsupported_reason(config, q, k, v, mask, bias) is None:
-                return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-            if explicit_unsupported_reason(config, q, k, v, mask, bias) is not None:
-                return None
+        choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "explicit"
+        if choice == "fused_cpu":
+            return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+        if choice == "reference":
+            return None
         return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     # auto on CUDA
     reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)

@@ -47,6 +47,38 @@ static inline REAL NAME(phi_grad)(int phi, REAL u, REAL g) { /* dphi/du given g 
     }
 }
 
+/* acc[k] += sum_j c_j x_j[k] over n rows (x_j = x + j * xs, c_j = c[j * cs]), four rows per pass so
+ * that acc is loaded and stored once per four multiply-adds */
+static inline void NAME(axpy_rows)(REAL *restrict acc, const REAL *restrict x, size_t xs, const REAL *restrict c,
+                                   size_t cs, int n, int K) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const REAL *x0 = x + j * xs, *x1 = x0 + xs, *x2 = x1 + xs, *x3 = x2 + xs;
+        REAL c0 = c[j * cs], c1 = c[(j + 1) * cs], c2 = c[(j + 2) * cs], c3 = c[(j + 3) * cs];
+        for (int k = 0; k < K; k++) acc[k] += c0 * x0[k] + c1 * x1[k] + c2 * x2[k] + c3 * x3[k];
+    }
+    for (; j < n; j++) {
+        const REAL *xj = x + j * xs;
+        REAL cj = c[j * cs];
+        for (int k = 0; k < K; k++) acc[k] += cj * xj[k];
+    }
+}
+
+/* acc[k] += sum_j x_j[k] y_j[k] over n rows (x_j = x + j * xs, y_j = y + j * ys), four rows per pass */
+static inline void NAME(acc_rows)(REAL *restrict acc, const REAL *restrict x, size_t xs, const REAL *restrict y,
+                                  size_t ys, int n, int K) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const REAL *x0 = x + j * xs, *x1 = x0 + xs, *x2 = x1 + xs, *x3 = x2 + xs;
+        const REAL *y0 = y + j * ys, *y1 = y0 + ys, *y2 = y1 + ys, *y3 = y2 + ys;
+        for (int k = 0; k < K; k++) acc[k] += x0[k] * y0[k] + x1[k] * y1[k] + x2[k] * y2[k] + x3[k] * y3[k];
+    }
+    for (; j < n; j++) {
+        const REAL *xj = x + j * xs, *yj = y + j * ys;
+        for (int k = 0; k < K; k++) acc[k] += xj[k] * yj[k];
+    }
+}
+
 /* scores of row (b, q): a[h*K + k] (normalized code) and r[k]; raw masked scores are a / r */
 static void NAME(row_code)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict bias, const unsigned char *restrict keep,
                            int H, int Q, int K, int E, int b, int qi, REAL scale, int rms, REAL eps,
@@ -57,11 +89,10 @@ static void NAME(row_code)(const REAL *restrict q, const REAL *restrict kT, cons
         else memset(ah, 0, sizeof(REAL) * K);
         const REAL *restrict qh = q + (((size_t)b * H + h) * Q + qi) * E;
         const REAL *restrict kh = kT + ((size_t)b * H + h) * E * K;
-        for (int e = 0; e < E; e++) {
-            REAL qe = qh[e] * scale;
-            const REAL *restrict ke = kh + (size_t)e * K;
-            for (int k = 0; k < K; k++) ah[k] += qe * ke[k];
-        }
+        REAL *restrict raw = r; /* r is filled below: hold this head's raw scores there */
+        memset(raw, 0, sizeof(REAL) * K);
+        NAME(axpy_rows)(raw, kh, K, qh, 1, E, K);
+        for (int k = 0; k < K; k++) ah[k] += scale * raw[k];
         if (keep)
             for (int k = 0; k < K; k++) ah[k] = keep[k] ? ah[k] : (REAL)0;
     }
@@ -80,15 +111,8 @@ static void NAME(row_code)(const REAL *restrict q, const REAL *restrict kT, cons
 static void NAME(row_value)(const REAL *restrict vT, const REAL *restrict a, int H, int K, int D, int b, int phi,
                             REAL *restrict uT, REAL *restrict gT) {
     memset(uT, 0, sizeof(REAL) * D * K);
-    for (int h = 0; h < H; h++) {
-        const REAL *restrict ah = a + (size_t)h * K;
-        const REAL *restrict vh = vT + ((size_t)b * H + h) * D * K;
-        for (int d = 0; d < D; d++) {
-            const REAL *restrict vd = vh + (size_t)d * K;
-            REAL *restrict ud = uT + (size_t)d * K;
-            for (int k = 0; k < K; k++) ud[k] += ah[k] * vd[k];
-        }
-    }
+    const REAL *restrict vb = vT + (size_t)b * H * D * K;
+    for (int d = 0; d < D; d++) NAME(acc_rows)(uT + (size_t)d * K, a, K, vb + (size_t)d * K, (size_t)D * K, H, K);
     for (int i = 0; i < D * K; i++) gT[i] = NAME(phi_fwd)(phi, uT[i]);
 }
 
@@ -129,6 +153,9 @@ int NAME(hyla_forward)(const REAL *restrict q, const REAL *restrict kT, const RE
     return failed;
 }
 
+/* rows of a query block: dv and dk take their sums over the block's queries in one pass each */
+#define QBLOCK 8
+
 int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict vT, const REAL *restrict bias,
                         const unsigned char *restrict keep, int keep_batched, int B, int H, int Q, int K, int E,
                         int D, REAL scale, int rms, REAL eps, int phi, int threads, const REAL *restrict dy,
@@ -137,13 +164,15 @@ int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const R
     memset(dkT, 0, sizeof(REAL) * B * H * E * K);
     memset(dvT, 0, sizeof(REAL) * B * H * D * K);
     if (dbias_parts) memset(dbias_parts, 0, sizeof(REAL) * threads * H * Q * K);
+    /* per row of a block: a, da, ds (H x K), r (K), u^T, g^T, dg^T = du^T (D x K), scaled q (H x E) */
+    const size_t row_len = (size_t)3 * H * K + K + (size_t)3 * D * K + (size_t)H * E;
 #pragma omp parallel num_threads(threads)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        REAL *buf = (REAL *)malloc(sizeof(REAL) * NAME(scratch_len)(H, K, D));
+        REAL *buf = (REAL *)malloc(sizeof(REAL) * row_len * QBLOCK);
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -153,85 +182,80 @@ int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const R
 #pragma omp for schedule(static)
         for (int b = 0; b < B; b++) {
             if (!buf) continue;
-            REAL *restrict a = buf, *r = a + (size_t)H * K, *uT = r + K, *gT = uT + (size_t)D * K;
-            REAL *restrict dgT = gT + (size_t)D * K, *duT = dgT + (size_t)D * K, *da = duT + (size_t)D * K;
-            REAL *restrict ds = da + (size_t)H * K;
-            for (int qi = 0; qi < Q; qi++) {
-                const unsigned char *restrict kp = keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
-                NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
-                NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
-                /* through y = a g:  dg^T[d,k] = sum_h a[h,k] dy[h,d];  da[h,k] = sum_d dy[h,d] g[k,d] */
-                memset(dgT, 0, sizeof(REAL) * D * K);
-                for (int h = 0; h < H; h++) {
-                    const REAL *restrict ah = a + (size_t)h * K;
-                    const REAL *restrict dyh = dy + (((size_t)b * H + h) * Q + qi) * D;
-                    REAL *restrict dah = da + (size_t)h * K;
-                    memset(dah, 0, sizeof(REAL) * K);
-                    for (int d = 0; d < D; d++) {
-                        REAL c = dyh[d];
-                        const REAL *restrict gd = gT + (size_t)d * K;
-                        REAL *restrict dgd = dgT + (size_t)d * K;
-                        for (int k = 0; k < K; k++) {
-                            dgd[k] += ah[k] * c;
-                            dah[k] += c * gd[k];
+            for (int q0 = 0; q0 < Q; q0 += QBLOCK) {
+                int nb = Q - q0 < QBLOCK ? Q - q0 : QBLOCK;
+                for (int j = 0; j < nb; j++) {
+                    int qi = q0 + j;
+                    REAL *restrict a = buf + j * row_len, *da = a + (size_t)H * K, *ds = da + (size_t)H * K;
+                    REAL *restrict r = ds + (size_t)H * K, *uT = r + K, *gT = uT + (size_t)D * K;
+                    REAL *restrict duT = gT + (size_t)D * K, *qs = duT + (size_t)D * K;
+                    const unsigned char *restrict kp =
+                        keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
+                    NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
+                    NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
+                    /* through y = a g:  dg^T[d,k] = sum_h a[h,k] dy[h,d];  da[h,k] = sum_d dy[h,d] g[k,d] */
+                    const REAL *restrict dyq = dy + ((size_t)b * H * Q + qi) * D; /* dy[h,d] = dyq[h*Q*D + d] */
+                    memset(duT, 0, sizeof(REAL) * D * K);
+                    memset(da, 0, sizeof(REAL) * H * K);
+                    for (int d = 0; d < D; d++)
+                        NAME(axpy_rows)(duT + (size_t)d * K, a, K, dyq + d, (size_t)Q * D, H, K);
+                    for (int h = 0; h < H; h++)
+                        NAME(axpy_rows)(da + (size_t)h * K, gT, K, dyq + (size_t)h * Q * D, 1, D, K);
+                    for (int i = 0; i < D * K; i++) duT[i] *= NAME(phi_grad)(phi, uT[i], gT[i]);
+                    /* through u = a v:  da[h,k] += sum_d du[k,d] v[h,k,d]  (dv: after the block) */
+                    for (int h = 0; h < H; h++) {
+                        REAL *restrict dah = da + (size_t)h * K;
+                        const REAL *restrict vh = vT + ((size_t)b * H + h) * D * K;
+                        NAME(acc_rows)(dah, duT, K, vh, K, D, K);
+                    }
+                    /* RMSHead: ds = r (da - a m / H), m = sum_h a da; masked pairs get no gradient */
+                    if (rms) {
+                        REAL *restrict m = uT; /* u is no longer needed: reuse its first K entries */
+                        for (int k = 0; k < K; k++) m[k] = 0;
+                        for (int h = 0; h < H; h++)
+                            for (int k = 0; k < K; k++) m[k] += a[(size_t)h * K + k] * da[(size_t)h * K + k];
+                        for (int k = 0; k < K; k++) m[k] /= (REAL)H;
+                        for (int h = 0; h < H; h++)
+                            for (int k = 0; k < K; k++) {
+                                size_t i = (size_t)h * K + k;
+                                ds[i] = r[k] * (da[i] - a[i] * m[k]);
+                            }
+                    } else {
+                        memcpy(ds, da, sizeof(REAL) * H * K);
+                    }
+                    if (kp)
+                        for (int h = 0; h < H; h++)
+                            for (int k = 0; k < K; k++) ds[(size_t)h * K + k] = kp[k] ? ds[(size_t)h * K + k] : (REAL)0;
+                    /* scores s = scale q k + bias:  dq[h,e] = scale sum_k ds[h,k] k[h,e,k]  (dk: after the block) */
+                    for (int h = 0; h < H; h++) {
+                        const REAL *restrict dsh = ds + (size_t)h * K;
+                        if (dbias) {
+                            REAL *restrict dbh = dbias + ((size_t)h * Q + qi) * K;
+                            for (int k = 0; k < K; k++) dbh[k] += dsh[k];
+                        }
+                        const REAL *restrict qh = q + (((size_t)b * H + h) * Q + qi) * E;
+                        const REAL *restrict kh = kT + ((size_t)b * H + h) * E * K;
+                        REAL *restrict dqh = dq + (((size_t)b * H + h) * Q + qi) * E;
+                        for (int e = 0; e < E; e++) {
+                            const REAL *restrict ke = kh + (size_t)e * K;
+                            REAL acc = 0;
+                            for (int k = 0; k < K; k++) acc += dsh[k] * ke[k];
+                            dqh[e] = acc * scale;
+                            qs[(size_t)h * E + e] = qh[e] * scale;
                         }
                     }
                 }
-                for (int i = 0; i < D * K; i++) duT[i] = dgT[i] * NAME(phi_grad)(phi, uT[i], gT[i]);
-                /* through u = a v:  da[h,k] += sum_d du[k,d] v[h,k,d];  dv[h,k,d] += a[h,k] du[k,d] */
+                /* the block's sums: dv[h,d,k] += sum_j a_j[h,k] du_j[d,k];  dk[h,e,k] += sum_j ds_j[h,k] q_j[h,e] */
                 for (int h = 0; h < H; h++) {
-                    const REAL *restrict ah = a + (size_t)h * K;
-                    REAL *restrict dah = da + (size_t)h * K;
-                    const REAL *restrict vh = vT + ((size_t)b * H + h) * D * K;
-                    REAL *restrict dvh = dvT + ((size_t)b * H + h) * D * K;
-                    for (int d = 0; d < D; d++) {
-                        const REAL *restrict vd = vh + (size_t)d * K, *dud = duT + (size_t)d * K;
-                        REAL *restrict dvd = dvh + (size_t)d * K;
-                        for (int k = 0; k < K; k++) {
-                            dah[k] += dud[k] * vd[k];
-                            dvd[k] += ah[k] * dud[k];
-                        }
-                    }
-                }
-                /* RMSHead: ds = r (da - a m / H), m = sum_h a da; masked pairs get no gradient */
-                if (rms) {
-                    REAL *restrict m = uT; /* u is no longer needed: reuse its first K entries */
-                    for (int k = 0; k < K; k++) m[k] = 0;
-                    for (int h = 0; h < H; h++)
-                        for (int k = 0; k < K; k++) m[k] += a[(size_t)h * K + k] * da[(size_t)h * K + k];
-                    for (int k = 0; k < K; k++) m[k] /= (REAL)H;
-                    for (int h = 0; h < H; h++)
-                        for (int k = 0; k < K; k++) {
-                            size_t i = (size_t)h * K + k;
-                            ds[i] = r[k] * (da[i] - a[i] * m[k]);
-                        }
-                } else {
-                    memcpy(ds, da, sizeof(REAL) * H * K);
-                }
-                if (kp)
-                    for (int h = 0; h < H; h++)
-                        for (int k = 0; k < K; k++) ds[(size_t)h * K + k] = kp[k] ? ds[(size_t)h * K + k] : (REAL)0;
-                /* scores: s = scale q k + bias */
-                for (int h = 0; h < H; h++) {
-                    const REAL *restrict dsh = ds + (size_t)h * K;
-                    if (dbias) {
-                        REAL *restrict dbh = dbias + ((size_t)h * Q + qi) * K;
-                        for (int k = 0; k < K; k++) dbh[k] += dsh[k];
-                    }
-                    const REAL *restrict qh = q + (((size_t)b * H + h) * Q + qi) * E;
-                    const REAL *restrict kh = kT + ((size_t)b * H + h) * E * K;
-                    REAL *restrict dqh = dq + (((size_t)b * H + h) * Q + qi) * E;
-                    REAL *restrict dkh = dkT + ((size_t)b * H + h) * E * K;
-                    for (int e = 0; e < E; e++) {
-                        const REAL *restrict ke = kh + (size_t)e * K;
-                        REAL *restrict dke = dkh + (size_t)e * K;
-                        REAL qe = qh[e] * scale, acc = 0;
-                        for (int k = 0; k < K; k++) {
-                            acc += dsh[k] * ke[k];
-                            dke[k] += dsh[k] * qe;
-                        }
-                        dqh[e] = acc * scale;
-                    }
+                    const REAL *a0 = buf + (size_t)h * K;
+                    const REAL *ds0 = buf + (size_t)2 * H * K + (size_t)h * K;
+                    const REAL *du0 = buf + (size_t)3 * H * K + K + (size_t)2 * D * K;
+                    const REAL *qs0 = buf + (size_t)3 * H * K + K + (size_t)3 * D * K + (size_t)h * E;
+                    for (int d = 0; d < D; d++)
+                        NAME(acc_rows)(dvT + (((size_t)b * H + h) * D + d) * K, a0, row_len, du0 + (size_t)d * K,
+                                       row_len, nb, K);
+                    for (int e = 0; e < E; e++)
+                        NAME(axpy_rows)(dkT + (((size_t)b * H + h) * E + e) * K, ds0, row_len, qs0 + e, row_len, nb, K);
                 }
             }
         }
