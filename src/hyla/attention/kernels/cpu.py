@@ -1,7 +1,7 @@
 """Fused HYLA on CPU: a small C kernel (``csrc/hyla_cpu.c``), forward and backward.
 
 Each (batch, query) row computes its scores for all heads and keys, RMSHead, the generated value
-network and its output in a few KiB of scratch, so no ``B x H x Q x K`` tensor is ever written; the
+network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is ever written; the
 backward recomputes the row (as FlashAttention does) instead of storing it. On the 2-core machine
 this is what brings a HYLA training step close to softmax's (``results/bench_step_cpu.md``).
 
