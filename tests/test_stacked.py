@@ -1,5 +1,5 @@
-"""Stacked runs (seeds / optimizer hyperparameters in one vmapped model) equal the same runs trained
-alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives the plain path's losses."""
+"""Stacked runs (seeds / optimizer hyperparameters in one stacked model, run by run or vmapped) equal
+the same runs trained alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives the plain path's losses."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import compile_mode, uses_cudagraphs
 from hyla.train.loop import NonFiniteLossError
-from hyla.train.stacked import StackedTrainer, stack_groups
+from hyla.train.stacked import StackedTrainer, stack_forward_mode, stack_groups
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -43,9 +43,11 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
     return tmp / out
 
 
+@pytest.mark.parametrize("forward", ["loop", "vmap"])
 @pytest.mark.parametrize("task", ["sraven", "fuzzy_logic"])
-def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str) -> None:
-    assert main(["train", task, *TINY, "--seeds", "0,3", "--out", str(tmp_path / "stack"), "--quiet"]) == 0
+def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str, forward: str) -> None:
+    stack = ["train", task, *TINY, f"train.stack_forward={forward}", "--seeds", "0,3", "--out", str(tmp_path / "stack")]
+    assert main([*stack, "--quiet"]) == 0
     for seed in (0, 3):
         stacked = tmp_path / "stack" / f"seed{seed}"
         alone = lone(tmp_path, task, f"lone{seed}", f"seed={seed}", f"name={task}_seed{seed}")
@@ -151,6 +153,17 @@ def test_nonfinite_loss_in_one_run_stops_the_stack_naming_it(tmp_path: Path) -> 
     trainer.close()
     assert latest_checkpoint(tmp_path / "r1").name == "step-000000004"
     assert all(torch.isfinite(v).all() for v in load_checkpoint(latest_checkpoint(tmp_path / "r1")).model.values())
+
+
+def test_stack_forward_resolves_per_device_and_refuses_unknown_values(tmp_path: Path) -> None:
+    assert stack_forward_mode("auto", "cuda") == "vmap" and stack_forward_mode("auto", "cpu") == "loop"
+    assert stack_forward_mode("vmap", "cpu") == "vmap" and stack_forward_mode("loop", "cuda") == "loop"
+    cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}"]) for s in range(2)]
+    trainer = StackedTrainer(cfgs, [tmp_path / "a", tmp_path / "b"], quiet=True)
+    assert trainer.forward_mode == "loop"
+    trainer.close()
+    with pytest.raises(ValueError, match=r"train.stack_forward='batched'.*auto, vmap, loop"):
+        load_config("fuzzy_logic", ["train.stack_forward=batched"]).validate()
 
 
 def test_fast_mode_resolves_per_device() -> None:

@@ -127,6 +127,7 @@ def bench_variant(
         lone.close()
         stacked.close()
     lone_s, stacked_s = statistics.median(t_lone), statistics.median(t_stacked)
+    forward_mode = stacked.forward_mode
     batch = cfgs[0].train.batch_size
     n_evals = full_steps // eval_every + (full_steps % eval_every != 0)
     result: dict[str, Any] = {
@@ -138,6 +139,7 @@ def bench_variant(
         "stacked_problems_per_s_per_run": batch / stacked_s,
         "stacked_problems_per_s_total": seeds * batch / stacked_s,
         "stacked_cost_vs_one_run": stacked_s / lone_s,
+        "stack_forward": forward_mode,
         "speedup_vs_sequential_runs": seeds * lone_s / stacked_s,
         "lone_block_ms": [1e3 * t for t in t_lone],
         "stacked_block_ms": [1e3 * t for t in t_stacked],
@@ -214,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['stacked_cost_vs_one_run']:12.2f}x | {proj['lone']:11.1f} / {proj['stacked']:10.1f}",
             flush=True,
         )
+        print(f"{'':10s} stacked forward: {r['stack_forward']} (train.stack_forward)")
         if "host_syncs_in_step" in r:
             print(f"{'':10s} host syncs in train_step: {r['host_syncs_in_step']}")
     load_after = os.getloadavg()

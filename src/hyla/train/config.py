@@ -68,6 +68,10 @@ class TrainConfig:
     compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
     tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
     fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.fast
+    stack_forward: str = "auto"  # stacked runs: "vmap" (one call, R x wider), "loop" (run by run); auto: vmap on CUDA
+
+
+STACK_FORWARDS = ("auto", "vmap", "loop")
 
 
 @dataclass
@@ -106,6 +110,10 @@ class ExperimentConfig:
             raise ValueError(
                 f"train.compile_mode={t.compile_mode!r} is not valid; allowed values: default, reduce-overhead, "
                 "max-autotune, max-autotune-no-cudagraphs"
+            )
+        if t.stack_forward not in STACK_FORWARDS:
+            raise ValueError(
+                f"train.stack_forward={t.stack_forward!r} is not valid; allowed values: {', '.join(STACK_FORWARDS)}"
             )
         if not 0 <= t.final_lr_fraction <= 1:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")

@@ -36,7 +36,13 @@ from hyla.train.config import ExperimentConfig, dump_config
 from hyla.train.fast import compile_mode, uses_cudagraphs
 
 #: config keys that may change between an interrupted run and its resumption
-RESUMABLE_CHANGES = ("train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every")
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.eval_every",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.stack_forward",
+)
 
 
 class NonFiniteLossError(RuntimeError):

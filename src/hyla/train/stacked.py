@@ -13,8 +13,10 @@ another (:func:`stack_groups`). Each run ``r`` of a stack
   optimizer state is in ``torch.optim.AdamW``'s format) that ``hyla report`` reads and that
   ``hyla train --resume`` continues, stacked or alone.
 
-The forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call runs
-all R models, so a GPU step launches the kernels of one run, each R times wider. The R runs'
+On CUDA the forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call
+runs all R models, so a GPU step launches the kernels of one run, each R times wider. On CPU
+(``train.stack_forward``, :func:`stack_forward_mode`) it calls the template once per run on that run's
+row of the parameters, with the lone run's kernels. Either way the R runs'
 parameters are views into one ``R x N`` tensor, so the optimizer is ~8 elementwise kernels for all
 parameters of all runs, with per-run learning rates and weight decays as ``R x 1`` tensors read
 from a schedule table on the device (no host-to-device copy, no host synchronization per step).
@@ -76,6 +78,19 @@ STACKABLE_KEYS = (
 )
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults, which the lone trainer uses
 SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and copied to the device
+
+
+def stack_forward_mode(setting: str, device: torch.device | str) -> str:
+    """``train.stack_forward`` resolved for ``device``: ``vmap`` or ``loop``.
+
+    ``auto`` is ``vmap`` on CUDA, where a step of these tiny models is launch-bound and one R times
+    wider launch is what pays, and ``loop`` elsewhere: on a CPU the step is compute-bound, vmap's
+    batched forms are slower than the lone ones, and the fused CPU attention kernel has no vmap rule
+    (``results/train_throughput.md``).
+    """
+    if setting == "auto":
+        return "vmap" if torch.device(device).type == "cuda" else "loop"
+    return setting
 
 
 # ------------------------------------------------------------------------------ which runs stack
@@ -234,12 +249,32 @@ class StackedTrainer:
         def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
             return functional_call(template, (p, b), (x,), {"last_positions": positions})
 
-        self._forward_train = vmap(one_run, in_dims=(0, 0, 0))  # each run its own batch
-        self._forward_eval = vmap(one_run, in_dims=(0, 0, None))  # one batch for all runs
+        self.forward_mode = stack_forward_mode(self.cfg.train.stack_forward, self.device)
         mode = compile_mode(self.cfg.train, self.device)
         self._cudagraphs = uses_cudagraphs(mode, self.device)
-        if mode is not None:
-            self._forward_train = torch.compile(self._forward_train, mode=mode)
+        if self.forward_mode == "vmap":
+            self._forward_train = vmap(one_run, in_dims=(0, 0, 0))  # each run its own batch
+            self._forward_eval = vmap(one_run, in_dims=(0, 0, None))  # one batch for all runs
+            if mode is not None:
+                self._forward_train = torch.compile(self._forward_train, mode=mode)
+        else:
+            # run by run: each run gets the lone model's kernels (e.g. the fused CPU attention, which
+            # has no vmap rule), and its parameters are row r of the stacked ones, so autograd still
+            # delivers the R x N gradient the stacked optimizer reads
+            one_run_train = torch.compile(one_run, mode=mode) if mode is not None else one_run
+
+            def loop(fn: Any, shared_input: bool) -> Any:
+                def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
+                    outs = [
+                        fn({n: t[r] for n, t in p.items()}, {n: t[r] for n, t in b.items()}, x if shared_input else x[r])
+                        for r in range(num_runs)
+                    ]
+                    return torch.stack(outs)
+
+                return forward
+
+            self._forward_train = loop(one_run_train, shared_input=False)
+            self._forward_eval = loop(one_run, shared_input=True)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.cfg.train.tf32
             torch.backends.cudnn.allow_tf32 = self.cfg.train.tf32
