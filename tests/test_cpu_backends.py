@@ -117,7 +117,7 @@ def test_gradcheck(impl: str) -> None:
 def test_auto_picks_the_c_kernel_on_cpu() -> None:
     q, k, v = (torch.randn(2, 4, 6, 5, requires_grad=True) for _ in range(3))
     y = dispatch("auto", q, k, v, attention_preset("hyla"), bias=torch.zeros(4, 6, 6))
-    assert y is not None and "FusedCpuHyla" in type(y.grad_fn).__name__
+    assert y is not None and "fused_cpu_attention" in type(y.grad_fn).__name__
 
 
 def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
@@ -193,22 +193,64 @@ def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, 
     assert cpu._build(compiler) == built  # cached
 
 
-def test_inside_vmap_auto_uses_the_direct_form() -> None:
+@pytest.mark.parametrize("case", ["shared_bias_and_mask", "per_example_mask", "per_run_bias", "unbatched_kv"])
+def test_fused_cpu_under_vmap_equals_each_run_alone(case: str) -> None:
+    """Stacked runs vmap the model: the op folds the runs into the batch (or, for a per-run bias,
+    calls the kernel run by run); outputs and every gradient equal the runs computed one by one."""
     config = attention_preset("hyla")
-    q, k, v = (torch.randn(2, 1, 3, 4, 2) for _ in range(3))
+    gen = torch.Generator().manual_seed(3)
+    runs = 3
 
-    def one(q, k, v):
-        y = dispatch("auto", q, k, v, config)
-        return hypernetwork_attention(q, k, v, config)[0] if y is None else y
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
 
-    stacked = torch.vmap(one)(q, k, v)
-    for r in range(2):
-        assert _rel(stacked[r], hypernetwork_attention(q[r], k[r], v[r], config)[0]) < 1e-6
+    q, k, v = rand(runs, B, H, Q, E), rand(runs, B, H, K, E), rand(runs, B, H, K, D)
+    bias, mask = rand(H, Q, K), MASKS["causal_1x1xQxK"]()
+    bias_dim, k_dim, v_dim = None, 0, 0
+    if case == "per_example_mask":
+        mask = MASKS["random_Bx1xQxK"]()
+    if case == "per_run_bias":
+        bias, bias_dim = rand(runs, H, Q, K), 0
+    if case == "unbatched_kv":
+        k, v, k_dim, v_dim = rand(B, H, K, E), rand(B, H, K, D), None, None
+
+    def one(q_, k_, v_, bias_):
+        return fused_cpu_hypernetwork_attention(q_, k_, v_, config, mask_Bx1xQxK=mask, bias=bias_)
+
+    y = torch.vmap(one, in_dims=(0, k_dim, v_dim, bias_dim))(q, k, v, bias)
+    pick = [lambda t, r, d=d: t if d is None else t[r] for d in (0, k_dim, v_dim, bias_dim)]
+    ref = torch.stack(
+        [
+            hypernetwork_attention(
+                *(f(t, r) for f, t in zip(pick[:3], (q, k, v))), config, mask_Bx1xQxK=mask, bias=pick[3](bias, r)
+            )[0]
+            for r in range(runs)
+        ]
+    )
+    assert _rel(y, ref) < 1e-12
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(y, (q, k, v, bias), dy)
+    want = torch.autograd.grad(ref, (q, k, v, bias), dy)
+    assert max(_rel(a, b) for a, b in zip(got, want)) < 1e-12
 
 
-def test_double_backward_raises() -> None:
+def test_auto_under_vmap_and_compile_runs_the_c_kernel() -> None:
+    config = attention_preset("hyla")
+    q, k, v = (torch.randn(2, 1, 3, 4, 2, requires_grad=True) for _ in range(3))
+    y = torch.vmap(lambda *t: dispatch("auto", *t, config))(q, k, v)
+    assert y is not None and _rel(y[1], hypernetwork_attention(q[1], k[1], v[1], config)[0]) < 1e-5
+    compiled = torch.compile(lambda *t: dispatch("auto", *t, config), fullgraph=True)
+    y = compiled(q[0], k[0], v[0])
+    ref = hypernetwork_attention(q[0], k[0], v[0], config)[0]
+    assert y is not None and _rel(y, ref) < 1e-5
+    g_got, g_ref = torch.autograd.grad(y.sum(), q), torch.autograd.grad(ref.sum(), q)
+    assert _rel(g_got[0], g_ref[0]) < 1e-5
+
+
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+def test_double_backward_raises(impl: str) -> None:
     q, k, v = (torch.randn(1, 2, 3, 2, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    y = explicit_hypernetwork_attention(q, k, v, attention_preset("hyla"))
+    y = IMPLEMENTATIONS[impl](q, k, v, attention_preset("hyla"))
     (dq,) = torch.autograd.grad(y.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dq.sum(), q)

@@ -84,8 +84,8 @@ def stack_forward_mode(setting: str, device: torch.device | str) -> str:
     """``train.stack_forward`` resolved for ``device``: ``vmap`` or ``loop``.
 
     ``auto`` is ``vmap`` on CUDA, where a step of these tiny models is launch-bound and one R times
-    wider launch is what pays, and ``loop`` elsewhere: on a CPU the step is compute-bound, vmap's
-    batched forms are slower than the lone ones, and the fused CPU attention kernel has no vmap rule
+    wider launch is what pays, and ``loop`` elsewhere: on a CPU the step is compute-bound and vmap's
+    batched forms (``bmm`` for the per-run linear layers) are slower than the lone ones
     (``results/train_throughput.md``).
     """
     if setting == "auto":
@@ -258,17 +258,16 @@ class StackedTrainer:
             if mode is not None:
                 self._forward_train = torch.compile(self._forward_train, mode=mode)
         else:
-            # run by run: each run gets the lone model's kernels (e.g. the fused CPU attention, which
-            # has no vmap rule), and its parameters are row r of the stacked ones, so autograd still
-            # delivers the R x N gradient the stacked optimizer reads
+            # run by run: each run gets the lone model's kernels, and its parameters are row r of the
+            # stacked ones, so autograd still delivers the R x N gradient the stacked optimizer reads
             one_run_train = torch.compile(one_run, mode=mode) if mode is not None else one_run
 
             def loop(fn: Any, shared_input: bool) -> Any:
                 def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
-                    outs = [
-                        fn({n: t[r] for n, t in p.items()}, {n: t[r] for n, t in b.items()}, x if shared_input else x[r])
-                        for r in range(num_runs)
-                    ]
+                    outs = []
+                    for r in range(num_runs):
+                        row_p, row_b = {n: t[r] for n, t in p.items()}, {n: t[r] for n, t in b.items()}
+                        outs.append(fn(row_p, row_b, x if shared_input else x[r]))
                     return torch.stack(outs)
 
                 return forward

@@ -7,13 +7,15 @@ direct form in :mod:`hyla.attention.functional`:
 * ``fused_cpu``: :mod:`hyla.attention.kernels.cpu`, a C kernel (OpenMP, forward and backward) that
   never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
   ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32/float64, masks, biases
-  broadcastable to ``1xHxQxK``, first-order gradients, eager and not inside ``torch.vmap``; otherwise
-  it raises :class:`CpuKernelUnavailableError` naming the cause;
+  broadcastable to ``1xHxQxK``, first-order gradients; registered as the custom ops
+  ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
+  runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
+  :class:`CpuKernelUnavailableError` naming the cause;
 * ``explicit``: :mod:`hyla.attention.kernels.explicit`, the direct form's arithmetic as an
   ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
   ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
-  dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` both ``explicit``
-  and ``auto`` trace the direct form instead (Inductor fuses its passes);
+  dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` it traces the
+  direct form instead (Inductor fuses its passes);
 * ``chunked``: :mod:`hyla.attention.kernels.chunked`, pure PyTorch, ``chunk_size`` queries at a time,
   memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device;
 * ``fused``: :mod:`hyla.attention.kernels.op`, a Triton kernel (forward and backward) that never
@@ -178,6 +180,8 @@ def cpu_auto_choice(
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
     if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_unsupported_reason(config, *tensors) is None:
         return "fused_cpu"
+    if torch.compiler.is_compiling():  # explicit is not traceable (see dispatch)
+        return "reference"
     if head_dim <= EXPLICIT_MAX_HEAD_DIM and explicit_unsupported_reason(config, *tensors) is None:
         return "explicit"
     return "reference"
@@ -221,14 +225,12 @@ def dispatch(
     if backend == "fused_cpu":
         return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if backend == "explicit" or (backend == "auto" and q.device.type != "cuda"):
-        if torch.compiler.is_compiling():
-            # Dynamo's tracing of these autograd.Functions trips a PyTorch internal assert in the
-            # backward (torch 2.13); compiled, Inductor fuses the direct form's passes itself.
-            return None
         choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "explicit"
         if choice == "fused_cpu":
             return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-        if choice == "reference":
+        if choice == "reference" or torch.compiler.is_compiling():
+            # explicit is an autograd.Function whose backward trips a PyTorch internal assert when
+            # Dynamo traces it (torch 2.13); compiled, Inductor fuses the direct form's passes itself
             return None
         return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     # auto on CUDA

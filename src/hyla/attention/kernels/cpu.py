@@ -13,7 +13,10 @@ uses :mod:`hyla.attention.kernels.explicit` instead.
 
 Covers ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32 and float64, any
 mask broadcastable to ``Bx1xQxK`` and any bias broadcastable to ``1xHxQxK``; first-order gradients;
-eager only (under ``torch.compile`` or ``torch.vmap`` the callers use the direct form).
+the ops ``hyla::fused_cpu_attention`` and ``hyla::fused_cpu_attention_backward`` carry it through
+autograd, ``torch.compile`` (opaque calls; the library is built while tracing if need be) and
+``torch.vmap`` (R stacked runs are folded into the batch: one call; a per-run bias or mask goes run by
+run).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from hyla.attention.config import AttentionConfig
 
@@ -137,10 +139,6 @@ def fused_cpu_unsupported_reason(
     if config.normalization not in NORMALIZATIONS:
         return f"normalization={config.normalization!r} (only {', '.join(NORMALIZATIONS)})"
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
-    if any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors):
-        return "inside torch.vmap (e.g. stacked runs)"
-    if torch.compiler.is_compiling():
-        return "under torch.compile"
     if any(t is not None and t.device.type != "cpu" for t in tensors):
         return "tensors not on the CPU"
     dtypes = {t.dtype for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)}
@@ -148,11 +146,17 @@ def fused_cpu_unsupported_reason(
         return f"dtype {sorted(str(d) for d in dtypes)} (covered: float32, float64)"
     if bias is not None and bias.dim() > 3 and any(n != 1 for n in bias.shape[:-3]):
         return f"a bias that varies over the batch (shape {tuple(bias.shape)}; covered: broadcastable to 1xHxQxK)"
+    return _library_problem() or None
+
+
+@torch.compiler.assume_constant_result  # torch.compile runs it once while tracing: building is no graph op
+def _library_problem() -> str:
+    """Why the kernel cannot be loaded ("" when it can), building it on first use."""
     try:
         load_library()
     except CpuKernelUnavailableError as err:
         return str(err)
-    return None
+    return ""
 
 
 def _pointer(t: Tensor | None) -> ctypes.c_void_p:
@@ -164,53 +168,132 @@ def _shape_args(q: Tensor, kT: Tensor, vT: Tensor) -> list[ctypes.c_int]:
     return [ctypes.c_int(n) for n in (b, h, nq, kT.shape[-1], e, vT.shape[2])]
 
 
-class _FusedCpuHyla(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
-    ) -> Tensor:
-        lib, suffix = load_library(), DTYPES[q.dtype]
-        real = ctypes.c_float if suffix == "f32" else ctypes.c_double
-        b, h, nq, _ = q.shape
-        y = q.new_empty(b, h, nq, vT.shape[2])
-        keep_batched = int(keep is not None and keep.shape[0] > 1)
-        failed = getattr(lib, f"hyla_forward_{suffix}")(
-            _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-            *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)), real(eps),
-            ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()), _pointer(y),
-        )  # fmt: skip
-        if failed:
-            raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
-        return y
+def _real(suffix: str) -> type:
+    return ctypes.c_float if suffix == "f32" else ctypes.c_double
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        q, kT, vT, bias, keep, phi, rms, eps = inputs
-        ctx.save_for_backward(q, kT, vT, bias, keep)
-        ctx.phi, ctx.rms, ctx.eps = phi, rms, eps
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-        q, kT, vT, bias, keep = ctx.saved_tensors
-        lib, suffix = load_library(), DTYPES[q.dtype]
-        real = ctypes.c_float if suffix == "f32" else ctypes.c_double
-        threads = torch.get_num_threads()
-        dy = dy.contiguous()  # bound to a name: the C call reads its memory
-        dq, dkT, dvT = torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT)
-        want_dbias = bias is not None and ctx.needs_input_grad[3]
-        dbias_parts = q.new_empty(threads, *bias.shape) if want_dbias else None
-        keep_batched = int(keep is not None and keep.shape[0] > 1)
-        failed = getattr(lib, f"hyla_backward_{suffix}")(
-            _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-            *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(ctx.rms)), real(ctx.eps),
-            ctypes.c_int(ctx.phi), ctypes.c_int(threads), _pointer(dy),
-            _pointer(dq), _pointer(dkT), _pointer(dvT), _pointer(dbias_parts),
-        )  # fmt: skip
-        if failed:
-            raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
-        dbias = dbias_parts.sum(0) if dbias_parts is not None else None
-        return dq, dkT, dvT, dbias, None, None, None, None
+# The kernel is registered as PyTorch custom ops (opaque to torch.compile, which traces the layout
+# changes around them and calls the C code as is), with the backward as an op of its own.
+@torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=())
+def _fused_cpu_attention(
+    q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
+) -> Tensor:
+    lib, suffix = load_library(), DTYPES[q.dtype]
+    b, h, nq, _ = q.shape
+    y = q.new_empty(b, h, nq, vT.shape[2])
+    keep_batched = int(keep is not None and keep.shape[0] > 1)
+    failed = getattr(lib, f"hyla_forward_{suffix}")(
+        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
+        *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)),
+        _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()), _pointer(y),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+    return y
+
+
+@_fused_cpu_attention.register_fake
+def _fused_cpu_attention_fake(
+    q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
+) -> Tensor:
+    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], vT.shape[2])
+
+
+@torch.library.custom_op("hyla::fused_cpu_attention_backward", mutates_args=())
+def _fused_cpu_attention_backward(
+    dy: Tensor,
+    q: Tensor,
+    kT: Tensor,
+    vT: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    phi: int,
+    rms: bool,
+    eps: float,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    lib, suffix = load_library(), DTYPES[q.dtype]
+    threads = torch.get_num_threads()
+    dy = dy.contiguous()  # bound to a name: the C call reads its memory
+    dq, dkT, dvT = torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT)
+    dbias_parts = q.new_empty(threads, *bias.shape) if bias is not None and bias_grad else None
+    keep_batched = int(keep is not None and keep.shape[0] > 1)
+    failed = getattr(lib, f"hyla_backward_{suffix}")(
+        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
+        *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)),
+        _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(threads), _pointer(dy),
+        _pointer(dq), _pointer(dkT), _pointer(dvT), _pointer(dbias_parts),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+    dbias = dbias_parts.sum(0) if dbias_parts is not None else q.new_empty(0)
+    return dq, dkT, dvT, dbias
+
+
+@_fused_cpu_attention_backward.register_fake
+def _fused_cpu_attention_backward_fake(
+    dy: Tensor,
+    q: Tensor,
+    kT: Tensor,
+    vT: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    phi: int,
+    rms: bool,
+    eps: float,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dbias = bias.new_empty(bias.shape) if bias is not None and bias_grad else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT), dbias
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    q, kT, vT, bias, keep, phi, rms, eps = inputs
+    ctx.save_for_backward(q, kT, vT, bias, keep)
+    ctx.phi, ctx.rms, ctx.eps = phi, rms, eps
+
+
+def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+    q, kT, vT, bias, keep = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dkT, dvT, dbias = _fused_cpu_attention_backward(dy, q, kT, vT, bias, keep, ctx.phi, ctx.rms, ctx.eps, bias_grad)
+    return dq, dkT, dvT, (dbias if bias_grad else None), None, None, None, None
+
+
+_fused_cpu_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``op`` once per index of the vmapped dimension (always correct, no folding)."""
+    size = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    outs = [op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))) for i in range(size)]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*outs)), tuple(0 for _ in outs[0])
+    return torch.stack(outs), 0
+
+
+@_fused_cpu_attention.register_vmap
+def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
+    """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
+    q, kT, vT, bias, keep, phi, rms, eps = args
+    if in_dims[3] is not None or in_dims[4] is not None:  # per-run bias or mask: the kernel takes one
+        return _slice_by_slice(_fused_cpu_attention, in_dims, args)
+    runs = info.batch_size
+    q, kT, vT = (
+        (t.movedim(d, 0) if d is not None else t.expand(runs, *t.shape)).reshape(-1, *t.shape[-3:])
+        for t, d in zip((q, kT, vT), in_dims[:3])
+    )
+    if keep is not None and keep.shape[0] > 1:  # one mask per example: repeat it for every run
+        keep = keep.repeat(runs, 1, 1)
+    y = _fused_cpu_attention(q.contiguous(), kT.contiguous(), vT.contiguous(), bias, keep, phi, rms, eps)
+    return y.reshape(runs, -1, *y.shape[1:]), 0
+
+
+@_fused_cpu_attention_backward.register_vmap
+def _fused_cpu_attention_backward_vmap(
+    info: Any, in_dims: tuple[int | None, ...], *args: Any
+) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
+    return _slice_by_slice(_fused_cpu_attention_backward, in_dims, args)
 
 
 def fused_cpu_hypernetwork_attention(
@@ -242,7 +325,7 @@ def fused_cpu_hypernetwork_attention(
         bias_HxQxK = bias.to(dtype).expand(*bias.shape[:-3], h, nq, nk).reshape(h, nq, nk).contiguous()
     kT = k_BxHxKxE.transpose(-1, -2).contiguous()
     vT = v_BxHxKxD.transpose(-1, -2).contiguous()
-    return _FusedCpuHyla.apply(
+    return _fused_cpu_attention(
         q_BxHxQxE.contiguous(),
         kT,
         vT,
