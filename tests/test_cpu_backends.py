@@ -271,3 +271,16 @@ def test_cpu_allocator_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch
     monkeypatch.setenv("HYLA_TUNE_MALLOC", "1")
     expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert tune_cpu_allocator() is expected
+
+
+def test_fused_cpu_custom_op_passes_opcheck() -> None:
+    """Schema, fake tensor, autograd registration and AOT dispatch of ``hyla::fused_cpu_attention``."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 4, 5, generator=gen, requires_grad=True)
+    k_T = torch.randn(2, 3, 5, 6, generator=gen, requires_grad=True)
+    v_T = torch.randn(2, 3, 4, 6, generator=gen, requires_grad=True)
+    bias = torch.randn(3, 4, 6, generator=gen, requires_grad=True)
+    keep = (torch.rand(1, 4, 6, generator=gen) > 0.3).to(torch.uint8)
+    args = (q, k_T, v_T, bias, keep, 1, True, 1e-6)
+    results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
+    assert set(results.values()) == {"SUCCESS"}, results

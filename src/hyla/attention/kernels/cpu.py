@@ -139,6 +139,9 @@ def fused_cpu_unsupported_reason(
     if config.normalization not in NORMALIZATIONS:
         return f"normalization={config.normalization!r} (only {', '.join(NORMALIZATIONS)})"
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
+    vmap_unsupported = not HAS_VMAP_RULE and not torch.compiler.is_compiling()
+    if vmap_unsupported and any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors):
+        return f"inside torch.vmap (torch {torch.__version__} has no vmap rules for custom ops)"
     if any(t is not None and t.device.type != "cpu" for t in tensors):
         return "tensors not on the CPU"
     dtypes = {t.dtype for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)}
@@ -174,7 +177,7 @@ def _real(suffix: str) -> type:
 
 # The kernel is registered as PyTorch custom ops (opaque to torch.compile, which traces the layout
 # changes around them and calls the C code as is), with the backward as an op of its own.
-@torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=())
+@torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention(
     q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
 ) -> Tensor:
@@ -199,7 +202,7 @@ def _fused_cpu_attention_fake(
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2], vT.shape[2])
 
 
-@torch.library.custom_op("hyla::fused_cpu_attention_backward", mutates_args=())
+@torch.library.custom_op("hyla::fused_cpu_attention_backward", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention_backward(
     dy: Tensor,
     q: Tensor,
@@ -272,7 +275,6 @@ def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, .
     return torch.stack(outs), 0
 
 
-@_fused_cpu_attention.register_vmap
 def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
     """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
     q, kT, vT, bias, keep, phi, rms, eps = args
@@ -289,11 +291,16 @@ def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args:
     return y.reshape(runs, -1, *y.shape[1:]), 0
 
 
-@_fused_cpu_attention_backward.register_vmap
 def _fused_cpu_attention_backward_vmap(
     info: Any, in_dims: tuple[int | None, ...], *args: Any
 ) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
     return _slice_by_slice(_fused_cpu_attention_backward, in_dims, args)
+
+
+HAS_VMAP_RULE = hasattr(_fused_cpu_attention, "register_vmap")  # custom-op vmap rules: recent torch
+if HAS_VMAP_RULE:
+    _fused_cpu_attention.register_vmap(_fused_cpu_attention_vmap)
+    _fused_cpu_attention_backward.register_vmap(_fused_cpu_attention_backward_vmap)
 
 
 def fused_cpu_hypernetwork_attention(
