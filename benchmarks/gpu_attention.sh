@@ -6,6 +6,6 @@ set -euo pipefail
 out=${OUT:-results/gpu}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-src}
-python -m hyla bench attention --device cuda --seq-lens 128,256,512,1024,2048,4096,8192 --batch-tokens 16384 \
+${PYTHON:-python3} -m hyla bench attention --device cuda --seq-lens 128,256,512,1024,2048,4096,8192 --batch-tokens 16384 \
   --heads 16 --head-dim 64 --csv "$out/attention.csv" --json "$out/attention.json" --plot "$out/attention.png"
-python -m pytest -q -m kernel tests/test_kernels.py | tee "$out/kernel_tests.txt"
+${PYTHON:-python3} -m pytest -q -m kernel tests/test_kernels.py | tee "$out/kernel_tests.txt"

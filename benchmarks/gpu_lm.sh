@@ -5,12 +5,12 @@
 set -euo pipefail
 out=${OUT:-runs/lm_gpu}
 export PYTHONPATH=${PYTHONPATH:-src}
-steps=${STEPS:-6000}
+steps=${STEPS:-6000}  # EXTRA: more KEY=VALUE overrides (e.g. train.eval_every=500)
 for v in softmax linear hyla; do
-  python -m hyla train lm_small model.attention=$v name=lm_small_$v train.steps=$steps --device cuda \
-    --out "$out/$v" --quiet
+  ${PYTHON:-python3} -m hyla train lm_small model.attention=$v name=lm_small_$v train.steps=$steps ${EXTRA:-} \
+    --device cuda --out "$out/$v" --quiet
 done
-python - "$out" <<'PY'
+${PYTHON:-python3} - "$out" <<'PY'
 import json, sys, pathlib
 root = pathlib.Path(sys.argv[1])
 for run in sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file()):

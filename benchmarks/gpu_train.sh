@@ -7,10 +7,10 @@ set -euo pipefail
 out=${OUT:-results/gpu}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-src}
-python -m hyla bench train --task sraven --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
+${PYTHON:-python3} -m hyla bench train --task sraven --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
   --check-syncs --json "$out/train_sraven_eager.json"
-python -m hyla bench train --task sraven --variants hyla --seeds 3 --steps 200 --device cuda --fast --time-eval \
+${PYTHON:-python3} -m hyla bench train --task sraven --variants hyla --seeds 3 --steps 200 --device cuda --fast --time-eval \
   --json "$out/train_sraven_fast.json"
-python -m hyla bench train --task fuzzy_logic --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
+${PYTHON:-python3} -m hyla bench train --task fuzzy_logic --variants softmax,linear,hyla --seeds 3 --steps 200 --device cuda \
   --fast --time-eval --json "$out/train_fuzzy_fast.json"
-python -m hyla bench step --task sraven --variants softmax,linear,hyla --device cuda --json "$out/step_sraven.json"
+${PYTHON:-python3} -m hyla bench step --task sraven --variants softmax,linear,hyla --device cuda --json "$out/step_sraven.json"

@@ -186,3 +186,48 @@ def test_fast_path_gives_the_plain_path_losses(tmp_path: Path) -> None:
     assert len(train_losses(plain)) == 4
     assert train_losses(fast) == pytest.approx(train_losses(plain), rel=1e-4)
     assert_same_metrics(metrics(tmp_path / "s" / "seed1"), metrics(plain))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("task", ["sraven", "fuzzy_logic"])
+def test_fast_paths_on_cuda_give_the_plain_path_losses(tmp_path: Path, task: str) -> None:
+    """On CUDA, ``train.fast`` (compiled model replayed as CUDA graphs, HYLA's fused kernel) and
+    ``train.graph_step`` (the whole step as one CUDA graph, with and without ``fast``) give the eager plain
+    run's losses step by step; so does the stacked run. TF32 is off: with it, the direct form (stacked,
+    vmap) and the fused kernel (lone) would differ by TF32 rounding rather than by summation order."""
+    small = ["model.num_layers=1", "train.steps=6", "train.log_every=1", "train.eval_every=6", "train.tf32=false"]
+    run = [*small, "seed=1", f"name={task}_seed1"]
+    plain = lone(tmp_path, task, "plain", *run, "--device", "cuda")
+    for name, extra in (
+        ("fast", ["train.fast=true"]),
+        ("graph", ["train.graph_step=true"]),
+        ("fast_graph", ["train.fast=true", "train.graph_step=true"]),
+    ):
+        fast = lone(tmp_path, task, name, *run, *extra, "--device", "cuda")
+        assert len(train_losses(fast)) == 6, name
+        assert train_losses(fast) == pytest.approx(train_losses(plain), rel=1e-4), name
+        assert_same_metrics(metrics(fast), metrics(plain), rel=1e-4)
+    args = ["train", task, *TINY, *small, "train.fast=true", "--seeds", "0,1", "--device", "cuda"]
+    assert main([*args, "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert_same_metrics(metrics(tmp_path / "s" / "seed1"), metrics(plain), rel=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_step_run_resumes_exactly(tmp_path: Path) -> None:
+    """A ``train.graph_step`` run stopped at step 3 (between logs and checkpoints) and resumed writes the
+    uninterrupted run's metrics: the data generator's state advances with each graph replay."""
+    small = ["model.num_layers=1", "train.steps=6", "train.log_every=2", "train.eval_every=6", "train.graph_step=true"]
+    whole = lone(tmp_path, "fuzzy_logic", "whole", *small, "--device", "cuda")
+    args = ["train", "fuzzy_logic", *TINY, *small, "--device", "cuda", "--out", str(tmp_path / "parts"), "--quiet"]
+    assert main([*args, "--stop-at-step", "3"]) == 0
+    assert main([*args, "--resume"]) == 0
+    assert_same_metrics(metrics(tmp_path / "parts"), metrics(whole), rel=1e-6)
+
+
+def test_graph_step_refuses_cpu_and_stacked_runs(tmp_path: Path, capsys) -> None:
+    assert main(["train", "fuzzy_logic", *TINY, "train.graph_step=true", "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "train.graph_step=true needs a CUDA device" in err and "allowed values here: false" in err
+    cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}", "train.graph_step=true"]) for s in (0, 1)]
+    with pytest.raises(ValueError, match=r"train\.graph_step=true captures a lone run's step"):
+        StackedTrainer(cfgs, [tmp_path / "s0", tmp_path / "s1"])

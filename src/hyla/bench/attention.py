@@ -11,8 +11,9 @@ forward+backward of the core (q, k, v -> heads) for
 * ``sdpa_softmax`` (``F.scaled_dot_product_attention``; FlashAttention on CUDA), ``eager_softmax``,
   ``linear`` (no normalization).
 
-Each (variant, T) runs in its own subprocess: peak memory is ``torch.cuda.max_memory_allocated`` on
-CUDA, the growth of the process's peak RSS over its state after setup on CPU. Out-of-memory is
+Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA (every (variant, T) in this process, its
+allocations only), the growth of the process's peak RSS over its state after setup on CPU (each
+(variant, T) in its own subprocess). Out-of-memory is
 recorded, not fatal.
 """
 
@@ -166,11 +167,21 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
                 f"{args.chunk_size})))"
             )
-            proc = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
-            if proc.returncode != 0:
-                res = {"status": "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}
+            if args.device.startswith("cuda"):  # CUDA peaks are per-allocation counts: one process serves
+                try:
+                    res = measure(
+                        v, t, args.batch_tokens, args.heads, args.head_dim, dtype, args.device, args.repeats,
+                        args.chunk_size,
+                    )  # fmt: skip
+                except Exception as err:
+                    res = {"status": f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+                torch.cuda.empty_cache()
             else:
-                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                proc = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    res = {"status": "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}
+                else:
+                    res = json.loads(proc.stdout.strip().splitlines()[-1])
             row = {"variant": v, "seq_len": t, **res}
             rows.append(row)
             if res["status"] == "ok":

@@ -94,7 +94,8 @@ def bench_variant(
         lone = Trainer(
             load_config(task, bench_overrides), Path(tmp) / "lone", device=device, quiet=True, progress=False
         )
-        cfgs = [load_config(task, [*bench_overrides, f"seed={s}"]) for s in range(seeds)]
+        # train.graph_step covers lone runs only: the stack is measured without it
+        cfgs = [load_config(task, [*bench_overrides, f"seed={s}", "train.graph_step=false"]) for s in range(seeds)]
         stacked = StackedTrainer(cfgs, [Path(tmp) / f"s{s}" for s in range(seeds)], device=device, quiet=True)
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -140,6 +141,7 @@ def bench_variant(
         "stacked_problems_per_s_total": seeds * batch / stacked_s,
         "stacked_cost_vs_one_run": stacked_s / lone_s,
         "stack_forward": forward_mode,
+        "lone_graph_step": lone.cfg.train.graph_step,
         "speedup_vs_sequential_runs": seeds * lone_s / stacked_s,
         "lone_block_ms": [1e3 * t for t in t_lone],
         "stacked_block_ms": [1e3 * t for t in t_stacked],
@@ -207,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             print(f"hyla bench train: error: {err}", file=sys.stderr)
             return 2
+        except Exception as err:  # a variant that fails (compilation, capture) is recorded; the others still run
+            message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+            print(f"{v:10s} failed: {message}", flush=True)
+            results[v] = {"error": message}
+            continue
         results[v] = r
         proj = r.get("projected_total_min", r["projected_train_min"])
         print(
@@ -216,12 +223,16 @@ def run(args: argparse.Namespace) -> int:
             f"{r['stacked_cost_vs_one_run']:12.2f}x | {proj['lone']:11.1f} / {proj['stacked']:10.1f}",
             flush=True,
         )
-        print(f"{'':10s} stacked forward: {r['stack_forward']} (train.stack_forward)")
+        print(
+            f"{'':10s} stacked forward: {r['stack_forward']} (train.stack_forward); "
+            f"lone step as one CUDA graph: {r['lone_graph_step']} (train.graph_step)"
+        )
         if "host_syncs_in_step" in r:
             print(f"{'':10s} host syncs in train_step: {r['host_syncs_in_step']}")
     load_after = os.getloadavg()
+    full_steps = next((r["full_run_steps"] for r in results.values() if "error" not in r), 0)
     print(
-        f"full run = the config's train.steps ({next(iter(results.values()))['full_run_steps']:,})"
+        f"full run = the config's train.steps ({full_steps:,})"
         + (" plus its evaluations" if args.time_eval else ", training steps only")
         + f"; load average before/after: {load_before[0]:.2f}/{load_after[0]:.2f}"
     )

@@ -17,7 +17,10 @@ host synchronization; metrics are read back only at log and evaluation time.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from hyla.train.config import TrainConfig
 
@@ -45,3 +48,117 @@ def uses_cudagraphs(mode: str | None, device: torch.device | str) -> bool:
     """Whether a model compiled in ``mode`` on ``device`` replays CUDA graphs (then each step must call
     ``torch.compiler.cudagraph_mark_step_begin()``: the previous step's graph outputs are reused)."""
     return torch.device(device).type == "cuda" and mode in CUDAGRAPH_MODES
+
+
+def graph_step_unsupported_reason(device: torch.device | str, world_size: int) -> str | None:
+    """None when ``train.graph_step`` can capture a lone run's step on ``device``, else why not."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"needs a CUDA device (this run is on {device.type})"
+    if world_size > 1:
+        return f"captures one process's step (this run has {world_size} processes; DDP's all-reduce is not captured)"
+    return None
+
+
+class WholeStepGraph:
+    """``train.graph_step``: a lone run's whole training step as one CUDA graph, replayed every step.
+
+    Sampling (the run's data generator is registered with the graph, so each replay draws fresh
+    problems), forward, loss, backward, fused AdamW (``capturable``, the learning rate a device tensor
+    written before each replay), the metric sums and the non-finite-loss flag are captured once: a step
+    is then one graph launch plus one scalar write, instead of hundreds of kernel launches with Python
+    between them. Two warm-up steps run before capture (lazy optimizer state, the fused kernels'
+    self-tests, compilation); afterwards the parameters, optimizer state, generators, metric sums and
+    flags are put back, so the replayed steps are the plain path's steps (the same losses within
+    floating-point reordering; tests/test_stacked.py checks it on CUDA).
+
+    The trainer provides ``model``, ``optimizer`` (fused AdamW built with ``capturable=True``),
+    ``data_gen``, ``device``, ``_acc`` and ``_nonfinite_step`` and ``_step_body(next_step, in_place)``.
+    """
+
+    WARMUP_STEPS = 2
+
+    def __init__(self, trainer: Any, acc_keys: tuple[str, ...]) -> None:
+        self.trainer = trainer
+        self.acc_keys = (*acc_keys, "_n")
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.lr = torch.zeros((), dtype=torch.float32, device=trainer.device)
+        self.step_count = torch.zeros((), dtype=torch.long, device=trainer.device)
+
+    def replay(self, step: int, lr: float) -> None:
+        """Run step ``step`` (0-based) with learning rate ``lr``; captures the graph on first use."""
+        if self.graph is None:
+            self._capture(step)
+        assert self.graph is not None
+        self.lr.fill_(lr)  # a kernel argument, no host synchronization
+        self.graph.replay()
+
+    def _body(self) -> None:
+        tr = self.trainer
+        tr._step_body(self.step_count + 1, in_place=True)
+        self.step_count.add_(1)
+
+    @torch.no_grad()
+    def _snapshot(self) -> dict[str, Any]:
+        tr = self.trainer
+        opt_state = {
+            id(p): {k: v.clone() if isinstance(v, Tensor) else v for k, v in tr.optimizer.state[p].items()}
+            for p in tr.model.parameters()
+            if p in tr.optimizer.state
+        }
+        return {
+            "params": [p.detach().clone() for p in tr.model.parameters()],
+            "opt": opt_state,
+            "data_gen": tr.data_gen.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state(tr.device),
+            "cpu_rng": torch.get_rng_state(),
+            "acc": {k: v.clone() for k, v in tr._acc.items()},
+            "nonfinite": tr._nonfinite_step.clone(),
+        }
+
+    @torch.no_grad()
+    def _restore(self, snap: dict[str, Any], step: int) -> None:
+        tr = self.trainer
+        for p, saved in zip(tr.model.parameters(), snap["params"]):
+            p.copy_(saved)
+        for p in tr.model.parameters():
+            saved_state = snap["opt"].get(id(p))
+            for k, v in tr.optimizer.state[p].items():
+                if isinstance(v, Tensor):  # created by the warm-up on a fresh run: AdamW starts from zeros
+                    v.copy_(saved_state[k]) if saved_state is not None else v.zero_()
+        tr.data_gen.set_state(snap["data_gen"])
+        torch.cuda.set_rng_state(snap["cuda_rng"], tr.device)
+        torch.set_rng_state(snap["cpu_rng"])
+        for k, v in tr._acc.items():
+            v.copy_(snap["acc"][k]) if k in snap["acc"] else v.zero_()
+        tr._nonfinite_step.copy_(snap["nonfinite"])
+        self.step_count.fill_(step)
+
+    def _capture(self, step: int) -> None:
+        tr = self.trainer
+        for group in tr.optimizer.param_groups:  # also after a resume replaced them with the saved floats
+            group["lr"] = self.lr
+        zero = torch.zeros((), dtype=torch.float64, device=tr.device)
+        tr._acc = {k: tr._acc.get(k, zero).clone() for k in self.acc_keys}  # buffers the graph adds into
+        snap = self._snapshot()
+        self.step_count.fill_(step)
+        side = torch.cuda.Stream(tr.device)
+        side.wait_stream(torch.cuda.current_stream(tr.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP_STEPS):
+                tr.optimizer.zero_grad(set_to_none=True)
+                self._body()
+        torch.cuda.current_stream(tr.device).wait_stream(side)
+        self._restore(snap, step)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(tr.data_gen)
+        tr.optimizer.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(graph):
+                self._body()
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"train.graph_step=true: the training step could not be captured as a CUDA graph ({err}); "
+                "run with train.graph_step=false"
+            ) from err
+        self.graph = graph

@@ -33,7 +33,7 @@ from hyla.train.checkpoint import (
     save_checkpoint,
 )
 from hyla.train.config import ExperimentConfig, dump_config
-from hyla.train.fast import compile_mode, uses_cudagraphs
+from hyla.train.fast import WholeStepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = (
@@ -42,6 +42,7 @@ RESUMABLE_CHANGES = (
     "train.log_every",
     "train.checkpoint_every",
     "train.stack_forward",
+    "train.graph_step",
 )
 
 
@@ -116,14 +117,18 @@ def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transform
     return cfg, task, model.eval()
 
 
-def build_optimizer(model: nn.Module, cfg: ExperimentConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, cfg: ExperimentConfig, device: torch.device, *, capturable: bool = False
+) -> torch.optim.AdamW:
+    """AdamW, fused on CUDA; ``capturable`` (CUDA) for a step captured as a CUDA graph."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [
         {"params": decay, "weight_decay": cfg.train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda")
+    extra = {"capturable": True} if capturable else {}
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda", **extra)
 
 
 def lr_at(step: int, cfg: ExperimentConfig) -> float:
@@ -188,13 +193,20 @@ class Trainer:
         self.task = build_task(cfg, self.run_dir)
         self.model = build_model(cfg, self.task).to(self.device)
         cfg.validate()
-        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        self._graph: WholeStepGraph | None = None
+        if cfg.train.graph_step:
+            reason = graph_step_unsupported_reason(self.device, self.dist.world)
+            if reason is not None:
+                raise ValueError(f"train.graph_step=true {reason}; allowed values here: false")
+        self.optimizer = build_optimizer(self.model, cfg, self.device, capturable=cfg.train.graph_step)
         self.forward_model: nn.Module = self.model
         if self.dist.world > 1:
             self.forward_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None
             )
         mode = compile_mode(cfg.train, self.device, distributed=self.dist.world > 1)  # train.compile / train.fast
+        if cfg.train.graph_step and uses_cudagraphs(mode, self.device):
+            mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"  # the whole step is one
         self._cudagraphs = uses_cudagraphs(mode, self.device)
         if mode is not None:
             self._verify_kernels_eagerly()
@@ -209,6 +221,8 @@ class Trainer:
         self._stop_signal: int | None = None
         self.progress = progress and not quiet and self.dist.is_main
         self._prepare_run_dir(resume)
+        if cfg.train.graph_step:
+            self._graph = WholeStepGraph(self, ("loss", self.task.primary_metric))
         self.writer = None
         if self.dist.is_main:
             from torch.utils.tensorboard import SummaryWriter
@@ -354,11 +368,20 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def train_step(self) -> None:
+        if self._graph is not None:
+            self._graph.replay(self.step, lr_at(self.step, self.cfg))
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(self.step, self.cfg)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step_body(self.step + 1, in_place=False)
+        self.step += 1
+
+    def _step_body(self, next_step: int | Tensor, *, in_place: bool) -> None:
+        """Sampling, forward, backward, AdamW and the metric sums of one step. ``in_place`` (a step captured
+        by ``train.graph_step``) updates the sums and the non-finite flag in their buffers."""
         t = self.cfg.train
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.step, self.cfg)
         accum = t.grad_accum_steps
-        self.optimizer.zero_grad(set_to_none=True)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
             if self._cudagraphs:  # the previous forward's CUDA-graph outputs are no longer needed
@@ -373,17 +396,24 @@ class Trainer:
                     if self.cfg.model.moe_experts:
                         loss = loss + t.moe_aux_weight * self.model.aux_loss
                 bad = ~torch.isfinite(loss.detach())
-                self._nonfinite_step = torch.where(
-                    bad & (self._nonfinite_step < 0), self.step + 1, self._nonfinite_step
-                )
+                flag = torch.where(bad & (self._nonfinite_step < 0), next_step, self._nonfinite_step)
+                if in_place:
+                    self._nonfinite_step.copy_(flag)
+                else:
+                    self._nonfinite_step = flag
                 (loss / accum).backward()
             with torch.no_grad():
                 m = self.task.metrics(out.detach().float(), batch)
                 for k in ("loss", self.task.primary_metric):
-                    self._acc[k] = self._acc.get(k, zero) + m[k].double().mean() / accum
+                    if in_place:
+                        self._acc[k].add_(m[k].double().mean() / accum)
+                    else:
+                        self._acc[k] = self._acc.get(k, zero) + m[k].double().mean() / accum
         self.optimizer.step()
-        self._acc["_n"] = self._acc.get("_n", zero) + 1
-        self.step += 1
+        if in_place:
+            self._acc["_n"].add_(1)
+        else:
+            self._acc["_n"] = self._acc.get("_n", zero) + 1
 
     def _check_finite(self) -> None:
         bad_step = int(self._nonfinite_step.item())
@@ -394,16 +424,23 @@ class Trainer:
             )
 
     def _flush_train_metrics(self) -> dict[str, float]:
-        n = self._acc.pop("_n", None)
+        n = self._acc.get("_n")
         if n is None:
             return {}
-        vec = torch.stack([self._acc[k] for k in sorted(self._acc)] + [n])
+        keys = sorted(k for k in self._acc if k != "_n")
+        vec = torch.stack([self._acc[k] for k in keys] + [n])
         if self.dist.world > 1:
             dist.all_reduce(vec)
             vec = vec / self.dist.world
-        values = {k: (vec[j] / vec[-1]).item() for j, k in enumerate(sorted(self._acc))}
-        self._acc = {}
-        return values
+        vec = vec.tolist()
+        if self._graph is not None:  # the captured step adds into these buffers: keep them, zeroed
+            for v in self._acc.values():
+                v.zero_()
+        else:
+            self._acc = {}
+        if vec[-1] == 0:
+            return {}
+        return {k: vec[j] / vec[-1] for j, k in enumerate(keys)}
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         self._stop_signal = signum

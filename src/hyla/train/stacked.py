@@ -198,6 +198,11 @@ class StackedTrainer:
         self.device = torch.device(device)
         self.quiet, self.stop_at_step = quiet, stop_at_step
         self.cfg = cfgs[0]
+        if any(cfg.train.graph_step for cfg in cfgs):
+            raise ValueError(
+                "train.graph_step=true captures a lone run's step; stacked runs (--seeds, sweeps) do not take it "
+                "(allowed values here: false; train.fast=true compiles the stacked model)"
+            )
         self.task = build_task(cfgs[0])
         models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]  # seeds as the lone runs
         for cfg in cfgs:

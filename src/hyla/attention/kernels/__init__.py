@@ -30,7 +30,9 @@ direct form in :mod:`hyla.attention.functional`:
   case (and a C compiler is there) and head dims are at most 8 or the scores tensor is large, else
   ``explicit`` for head dims up to 16 when it covers the case (e.g. bfloat16), else the reference,
   silently. On
-  CUDA, ``fused`` when the case is covered; otherwise the reference, with a one-time warning per cause.
+  CUDA, by :func:`cuda_auto_choice`: the reference for head dims up to 8 with fewer than 2^24 scores
+  (the kernel would be mostly padding); else ``fused`` when the case is covered, otherwise the
+  reference, with a one-time warning per cause.
   Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
   signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
@@ -68,6 +70,7 @@ __all__ = [
     "FusedUnavailableError",
     "chunked_hypernetwork_attention",
     "cpu_auto_choice",
+    "cuda_auto_choice",
     "dispatch",
     "explicit_hypernetwork_attention",
     "fused_cpu_hypernetwork_attention",
@@ -187,6 +190,24 @@ def cpu_auto_choice(
     return "reference"
 
 
+#: ``auto`` on CUDA (measured on an H100, ``results/gpu_h100.md``): the Triton kernel pads head dims to
+#: 16, so for the paper's task models (head dims 4-8, a few thousand query-key pairs per head) most of its
+#: work is padding, and the direct form (which ``torch.compile`` fuses) is faster: SRAVEN HYLA with the
+#: whole step as one CUDA graph ran 566 steps/s on the direct form against 433 on the kernel. Long
+#: sequences keep the kernel for its memory: the direct form's hidden tensor grows as B x Q x K x D.
+CUDA_REFERENCE_MAX_HEAD_DIM = 8
+CUDA_REFERENCE_MAX_SCORES = 2**24
+
+
+def cuda_auto_choice(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, v_BxHxKxD: Tensor) -> str:
+    """What ``backend="auto"`` runs on CUDA, before its coverage checks: ``fused`` or ``reference``."""
+    b, h, nq, e = q_BxHxQxE.shape
+    small = b * h * nq * k_BxHxKxE.shape[-2] < CUDA_REFERENCE_MAX_SCORES
+    if max(e, v_BxHxKxD.shape[-1]) <= CUDA_REFERENCE_MAX_HEAD_DIM and small:
+        return "reference"
+    return "fused"
+
+
 def dispatch(
     backend: str,
     q_BxHxQxE: Tensor,
@@ -233,7 +254,9 @@ def dispatch(
             # Dynamo traces it (torch 2.13); compiled, Inductor fuses the direct form's passes itself
             return None
         return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    # auto on CUDA
+    # auto on CUDA; shape arithmetic first, which torch.compile traces without a graph break (also in vmap)
+    if cuda_auto_choice(q, k, v) == "reference":
+        return None
     reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if reason is not None:
         _warn_once(reason)

@@ -48,15 +48,21 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 #: phi codes used by the kernels (order matters: the kernels branch on the index).
 PHI_CODES: dict[str, int] = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
 #: normalization codes.
 NORM_CODES: dict[str, int] = {"none": 0, "rms_head": 1}
 
-#: Launch parameters (powers of two, >= 16). Correct for any value; not tuned on a GPU yet.
-FWD_TILES: dict[str, int] = {"block_q": 16, "block_k": 16, "block_d": 64, "num_warps": 8}
-BWD_TILES: dict[str, int] = {"block_q": 16, "block_k": 16, "num_warps": 8}
+#: Launch parameters (blocks: powers of two >= 16). Correct for any value. ``num_stages`` None is
+#: Triton's default; a launch that needs more shared memory than the GPU has is retried with one stage.
+FWD_TILES: dict[str, int | None] = {"block_q": 16, "block_k": 16, "block_d": 64, "num_warps": 8, "num_stages": None}
+BWD_TILES: dict[str, int | None] = {"block_q": 16, "block_k": 16, "num_warps": 8, "num_stages": None}
+#: backward programs start on staggered query tiles (fewer colliding atomic dq adds)
+BWD_STAGGER: bool = True
+#: forward launch signature -> the widest value chunk whose kernel fits in shared memory
+_FWD_BLOCK_D_THAT_FITS: dict[tuple, int] = {}
 
 #: True when the kernels below were built by the Triton interpreter (TRITON_INTERPRET=1 at import).
 INTERPRETED: bool = (
@@ -268,7 +274,7 @@ def _hyla_bwd_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     NORM: tl.constexpr, PHI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     BIAS_GRAD: tl.constexpr, BIAS_ATOMIC: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, STAGGER: tl.constexpr,
 ):  # fmt: skip
     """Grid (key tiles, B): dk, dv of one key tile over all query tiles; dq (fp32) and dbias atomically."""
     pid_k = tl.program_id(0)
@@ -305,8 +311,11 @@ def _hyla_bwd_kernel(
 
     dk_acc = tl.zeros((HP, BLOCK_K, EP), dtype=tl.float32)
     dv_acc = tl.zeros((BLOCK_K, HP, DP), dtype=tl.float32)
-    for q0 in range(0, Q, BLOCK_Q):
-        offs_q = q0 + tl.arange(0, BLOCK_Q)
+    n_q_tiles = tl.cdiv(Q, BLOCK_Q)
+    for i in range(0, n_q_tiles):
+        # programs start on different query tiles so that their atomic dq adds rarely collide
+        q_tile = (i + pid_k * STAGGER) % n_q_tiles
+        offs_q = q_tile * BLOCK_Q + tl.arange(0, BLOCK_Q)
         q_ok = offs_q < Q
         valid = _valid_pairs(mask_ptr, sm_q, sm_k, offs_q, offs_k, q_ok, k_ok, HAS_MASK)
         if tl.max(valid.to(tl.int32)) > 0:
@@ -351,6 +360,31 @@ def _hyla_bwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------- launchers
+def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict, num_stages: int | None) -> None:
+    """Launch ``kernel``; if it needs more shared memory than the GPU has, once more with one stage, then
+    raise :class:`~hyla.attention.kernels.op.FusedUnavailableError` saying so (``auto`` then falls back)."""
+    from hyla.attention.kernels.op import FusedUnavailableError
+
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    try:
+        kernel[grid](*args, **meta, **stages)
+        return
+    except OutOfResources as err:
+        if num_stages == 1:
+            failure = err
+        else:
+            try:
+                kernel[grid](*args, **meta, num_stages=1)
+                return
+            except OutOfResources as err_one_stage:
+                failure = err_one_stage
+    raise FusedUnavailableError(
+        f"the fused kernel needs {failure.required} bytes of {failure.name} for H={meta['H']} heads (padded to "
+        f"{meta['HP']}), head dims E={meta['E']}, D={meta['D']} in {args[0].dtype}; this GPU has {failure.limit}. "
+        "Fewer heads or smaller head dims fit (bfloat16 fits more than float32); backend='auto' uses the reference"
+    ) from failure
+
+
 def _mask_strides(mask_Bx1xQxK: Tensor | None) -> tuple[Tensor | None, tuple[int, int, int]]:
     """The mask as uint8 (same bytes as bool) and its (batch, query, key) strides (0 where broadcast)."""
     if mask_Bx1xQxK is None:
@@ -396,6 +430,7 @@ def forward(
     block_k: int | None = None,
     block_d: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> Tensor:
     """``y_BxHxQxD`` (dtype of v); ``bias`` (float) and ``mask`` (bool) are 4-D, broadcast dims of size 1."""
     b, h, nq, e = q_BxHxQxE.shape
@@ -410,17 +445,30 @@ def forward(
     block_d = min(_pad(d), block_d or FWD_TILES["block_d"])
     mask, sm = _mask_strides(mask_Bx1xQxK)
     grid = (triton.cdiv(nq, block_q), b, triton.cdiv(d, block_d))
-    _hyla_fwd_kernel[grid](
+    args = (
         q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, bias_BxHxQxK, mask, y,
         *q_BxHxQxE.stride(), *k_BxHxKxE.stride(), *v_BxHxKxD.stride(), *_bias_strides(bias_BxHxQxK), *sm,
         *y.stride(),
         nq, nk, 1.0 / math.sqrt(e), eps,
+    )  # fmt: skip
+    meta = dict(
         BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_K=block_k,
         HAS_BIAS=bias_BxHxQxK is not None, HAS_MASK=mask is not None,
         **_meta(q_BxHxQxE, v_BxHxKxD, normalization, nonlinearity),
         num_warps=num_warps or FWD_TILES["num_warps"],
     )  # fmt: skip
-    return y
+    stages = num_stages or FWD_TILES["num_stages"]
+    key = (q_BxHxQxE.device, q_BxHxQxE.dtype, stages, *sorted(meta.items()))
+    meta["BLOCK_D"] = _FWD_BLOCK_D_THAT_FITS.get(key, block_d)
+    while True:
+        try:
+            _launch(_hyla_fwd_kernel, (grid[0], b, triton.cdiv(d, meta["BLOCK_D"])), args, meta, stages)
+            _FWD_BLOCK_D_THAT_FITS[key] = meta["BLOCK_D"]
+            return y
+        except NotImplementedError:  # out of shared memory: narrower value chunks need less
+            if meta["BLOCK_D"] <= 16:
+                raise
+            meta["BLOCK_D"] //= 2
 
 
 def backward(
@@ -438,6 +486,8 @@ def backward(
     block_q: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
+    stagger: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dbias)``; dbias (fp32) has the bias's shape, None unless ``bias_grad``."""
     b, h, nq, e = q_BxHxQxE.shape
@@ -457,17 +507,21 @@ def backward(
         block_q = block_q or BWD_TILES["block_q"]
         block_k = block_k or BWD_TILES["block_k"]
         grid = (triton.cdiv(nk, block_k), b)
-        _hyla_bwd_kernel[grid](
+        args = (
             q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, bias_BxHxQxK, mask, dy, dq, dk, dv, db,
             *q_BxHxQxE.stride(), *k_BxHxKxE.stride(), *v_BxHxKxD.stride(), *_bias_strides(bias_BxHxQxK), *sm,
             *dy.stride(), *dq.stride(), *dk.stride(), *dv.stride(), *db_strides,
             nq, nk, 1.0 / math.sqrt(e), eps,
+        )  # fmt: skip
+        meta = dict(
             DP=_pad(d), BLOCK_Q=block_q, BLOCK_K=block_k,
             HAS_BIAS=bias_BxHxQxK is not None, HAS_MASK=mask is not None,
             BIAS_GRAD=bias_grad, BIAS_ATOMIC=db is not None and db.shape[0] == 1 and b > 1,
+            STAGGER=int(BWD_STAGGER if stagger is None else stagger),
             **_meta(q_BxHxQxE, v_BxHxKxD, normalization, nonlinearity),
             num_warps=num_warps or BWD_TILES["num_warps"],
         )  # fmt: skip
+        _launch(_hyla_bwd_kernel, grid, args, meta, num_stages or BWD_TILES["num_stages"])
     if db is not None:
         assert bias_BxHxQxK is not None
         dims = [i for i in (1, 2, 3) if bias_BxHxQxK.shape[i] == 1]

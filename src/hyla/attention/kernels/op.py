@@ -36,8 +36,12 @@ class FusedUnavailableError(NotImplementedError):
     """``backend="fused"`` was asked for a case (device, dtype, variant, size) the kernel does not cover."""
 
 
+#: looked up once: ``torch.compile`` refuses to trace ``importlib.util.find_spec``
+_TRITON_INSTALLED: bool = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def interpreter_enabled() -> bool:
@@ -202,7 +206,8 @@ def _fused_attention_backward_fake(
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     db = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), db
+    # contiguous like the real kernel's outputs, whatever the inputs' strides (Inductor checks them)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), db
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor) -> None:
