@@ -161,12 +161,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'variant':16s} {'T':>6s} {'B':>4s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MB':>9s}")
     for t in seq_lens:
         for v in variants:
-            call = (
-                "import json; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
-                f"from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
-                f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
-                f"{args.chunk_size})))"
-            )
             if args.device.startswith("cuda"):  # CUDA peaks are per-allocation counts: one process serves
                 try:
                     res = measure(
@@ -177,6 +171,12 @@ def run(args: argparse.Namespace) -> int:
                     res = {"status": f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"}
                 torch.cuda.empty_cache()
             else:
+                call = (
+                    "import json; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
+                    f"from hyla.bench.attention import measure; print(json.dumps(measure({v!r}, {t}, "
+                    f"{args.batch_tokens}, {args.heads}, {args.head_dim}, {dtype!r}, {args.device!r}, {args.repeats}, "
+                    f"{args.chunk_size})))"
+                )
                 proc = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True)
                 if proc.returncode != 0:
                     res = {"status": "failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}

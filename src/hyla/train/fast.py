@@ -124,13 +124,20 @@ class WholeStepGraph:
         for p in tr.model.parameters():
             saved_state = snap["opt"].get(id(p))
             for k, v in tr.optimizer.state[p].items():
-                if isinstance(v, Tensor):  # created by the warm-up on a fresh run: AdamW starts from zeros
-                    v.copy_(saved_state[k]) if saved_state is not None else v.zero_()
+                if not isinstance(v, Tensor):
+                    continue
+                if saved_state is None:  # created by the warm-up of a fresh run: AdamW starts from zeros
+                    v.zero_()
+                else:
+                    v.copy_(saved_state[k])
         tr.data_gen.set_state(snap["data_gen"])
         torch.cuda.set_rng_state(snap["cuda_rng"], tr.device)
         torch.set_rng_state(snap["cpu_rng"])
         for k, v in tr._acc.items():
-            v.copy_(snap["acc"][k]) if k in snap["acc"] else v.zero_()
+            if k in snap["acc"]:
+                v.copy_(snap["acc"][k])
+            else:
+                v.zero_()
         tr._nonfinite_step.copy_(snap["nonfinite"])
         self.step_count.fill_(step)
 
