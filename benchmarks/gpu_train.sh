@@ -3,7 +3,7 @@
 # Writes JSON under ${OUT:-results/gpu}. Goals (one H100): HYLA SRAVEN 156,250 steps <= 5 min (>= 521 steps/s),
 # three stacked seeds <= 8 min (>= 326 stacked steps/s), fuzzy logic 50k steps <= 1 min (>= 833 steps/s).
 # --time-eval adds the config's evaluations to the projected wall time; --check-syncs fails on host syncs.
-# train.graph_step=true captures the lone run's whole step as one CUDA graph (the stack is measured without it).
+# train.graph_step=true captures the whole step as one CUDA graph, the lone run's and the stack's.
 # Results of the first run: results/gpu_h100.md.
 set -euo pipefail
 out=${OUT:-results/gpu}

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hyla.cli import main
 
@@ -93,6 +94,21 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
         == "unavailable: CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter; slow, for testing)"
     )
     assert (tmp_path / "a.png").is_file()
+
+
+def test_bench_train_writes_lone_and_stacked_figures(tmp_path: Path) -> None:
+    out = tmp_path / "train.json"
+    tiny = ["model.num_layers=1", "train.batch_size=8", "train.stack_forward=threads"]
+    args = ["bench", "train", "--task", "fuzzy_logic", "--variants", "softmax", "--seeds", "2", "--steps", "1"]
+    args += ["--repeats", "2", "--warmup", "1", "--json", str(out), *(f"--override={o}" for o in tiny)]
+    assert main(args) == 0
+    d = json.loads(out.read_text())
+    r = d["variants"]["softmax"]
+    assert r["stack_forward"] == "threads" and len(r["lone_block_ms"]) == len(r["stacked_block_ms"]) == 2
+    assert r["stacked_cost_vs_one_run"] == pytest.approx(r["stacked_ms_per_step"] / r["lone_ms_per_step"])
+    # the one-core timing (a threaded stack's floor) is taken when there are at least as many runs as cores
+    assert ("threads_floor_cost_vs_one_run" in r) == (torch.get_num_threads() <= 2)
+    assert "--override train.stack_forward=threads" in d["command"]
 
 
 @pytest.mark.kernel

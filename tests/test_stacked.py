@@ -4,6 +4,7 @@ the same runs trained alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,12 @@ import torch
 import yaml
 
 from hyla.cli import main
+from hyla.train import stacked as stacked_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import compile_mode, uses_cudagraphs
 from hyla.train.loop import NonFiniteLossError
-from hyla.train.stacked import StackedTrainer, stack_forward_mode, stack_groups
+from hyla.train.stacked import RunThreads, StackedStepGraph, StackedTrainer, stack_forward_mode, stack_groups
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -43,7 +45,7 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
     return tmp / out
 
 
-@pytest.mark.parametrize("forward", ["loop", "vmap"])
+@pytest.mark.parametrize("forward", ["loop", "vmap", "threads"])
 @pytest.mark.parametrize("task", ["sraven", "fuzzy_logic"])
 def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str, forward: str) -> None:
     stack = ["train", task, *TINY, f"train.stack_forward={forward}", "--seeds", "0,3", "--out", str(tmp_path / "stack")]
@@ -156,14 +158,40 @@ def test_nonfinite_loss_in_one_run_stops_the_stack_naming_it(tmp_path: Path) -> 
 
 
 def test_stack_forward_resolves_per_device_and_refuses_unknown_values(tmp_path: Path) -> None:
-    assert stack_forward_mode("auto", "cuda") == "vmap" and stack_forward_mode("auto", "cpu") == "loop"
+    assert stack_forward_mode("auto", "cuda", num_runs=3) == "vmap"
+    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=2) == "threads"
+    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=1) == "loop"  # nothing to share out
+    assert stack_forward_mode("auto", "cpu", num_runs=1, cpu_threads=8) == "loop"
+    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=2, fast=True) == "loop"  # compile: one thread
     assert stack_forward_mode("vmap", "cpu") == "vmap" and stack_forward_mode("loop", "cuda") == "loop"
-    cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}"]) for s in range(2)]
+    cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}", "train.stack_forward=loop"]) for s in range(2)]
     trainer = StackedTrainer(cfgs, [tmp_path / "a", tmp_path / "b"], quiet=True)
     assert trainer.forward_mode == "loop"
     trainer.close()
-    with pytest.raises(ValueError, match=r"train.stack_forward='batched'.*auto, vmap, loop"):
+    threads_fast = ["train.stack_forward=threads", "train.fast=true"]
+    fast = [load_config("fuzzy_logic", [*TINY, f"seed={s}", *threads_fast]) for s in (0, 1)]
+    with pytest.raises(ValueError, match=r"train.stack_forward=threads .*allowed values here: auto, vmap, loop"):
+        StackedTrainer(fast, [tmp_path / "c", tmp_path / "d"], quiet=True)
+    with pytest.raises(ValueError, match=r"train.stack_forward='batched'.*auto, vmap, loop, threads"):
         load_config("fuzzy_logic", ["train.stack_forward=batched"]).validate()
+
+
+def test_run_threads_give_each_worker_its_share_and_leave_the_caller_alone() -> None:
+    caller = torch.get_num_threads()
+    threads = RunThreads(3, 1)
+    try:
+        assert threads.worker_threads == [1, 1, 1]
+        assert torch.get_num_threads() == caller
+        # the workers keep their count after the caller's was restored, and run the items in parallel threads
+        seen = threads.map(lambda i: (i, torch.get_num_threads(), threading.get_ident()), list(range(6)))
+        assert [i for i, _, _ in seen] == list(range(6)) and {n for _, n, _ in seen} == {1}
+        assert threading.get_ident() not in {ident for _, _, ident in seen}
+        with pytest.raises(ZeroDivisionError):
+            threads.map(lambda i: 1 // i, [1, 0])
+    finally:
+        threads.close()
+    with pytest.raises(ValueError, match="threads_each must be >= 1"):
+        RunThreads(2, 0)
 
 
 def test_fast_mode_resolves_per_device() -> None:
@@ -207,9 +235,10 @@ def test_fast_paths_on_cuda_give_the_plain_path_losses(tmp_path: Path, task: str
         assert len(train_losses(fast)) == 6, name
         assert train_losses(fast) == pytest.approx(train_losses(plain), rel=1e-4), name
         assert_same_metrics(metrics(fast), metrics(plain), rel=1e-4)
-    args = ["train", task, *TINY, *small, "train.fast=true", "--seeds", "0,1", "--device", "cuda"]
-    assert main([*args, "--out", str(tmp_path / "s"), "--quiet"]) == 0
-    assert_same_metrics(metrics(tmp_path / "s" / "seed1"), metrics(plain), rel=1e-4)
+    for name, extra in (("s", []), ("s_graph", ["train.graph_step=true"])):
+        args = ["train", task, *TINY, *small, "train.fast=true", *extra, "--seeds", "0,1", "--device", "cuda"]
+        assert main([*args, "--out", str(tmp_path / name), "--quiet"]) == 0
+        assert_same_metrics(metrics(tmp_path / name / "seed1"), metrics(plain), rel=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -222,12 +251,57 @@ def test_graph_step_run_resumes_exactly(tmp_path: Path) -> None:
     assert main([*args, "--stop-at-step", "3"]) == 0
     assert main([*args, "--resume"]) == 0
     assert_same_metrics(metrics(tmp_path / "parts"), metrics(whole), rel=1e-6)
+    stacked = ["train", "fuzzy_logic", *TINY, *small, "--device", "cuda", "--seeds", "0,1", "--quiet"]
+    assert main([*stacked, "--out", str(tmp_path / "stack_whole")]) == 0
+    assert main([*stacked, "--out", str(tmp_path / "stack_parts"), "--stop-at-step", "3"]) == 0
+    assert main([*stacked, "--out", str(tmp_path / "stack_parts"), "--resume"]) == 0
+    for seed in (0, 1):
+        parts, whole_run = tmp_path / "stack_parts" / f"seed{seed}", tmp_path / "stack_whole" / f"seed{seed}"
+        assert_same_metrics(metrics(parts), metrics(whole_run), rel=1e-6)
 
 
-def test_graph_step_refuses_cpu_and_stacked_runs(tmp_path: Path, capsys) -> None:
+def test_graph_step_refuses_cpu_runs(tmp_path: Path, capsys) -> None:
     assert main(["train", "fuzzy_logic", *TINY, "train.graph_step=true", "--out", str(tmp_path / "a"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "train.graph_step=true needs a CUDA device" in err and "allowed values here: false" in err
     cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}", "train.graph_step=true"]) for s in (0, 1)]
-    with pytest.raises(ValueError, match=r"train\.graph_step=true captures a lone run's step"):
+    with pytest.raises(ValueError, match=r"train\.graph_step=true needs a CUDA device.*allowed values here: false"):
         StackedTrainer(cfgs, [tmp_path / "s0", tmp_path / "s1"])
+
+
+def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``train.graph_step`` captures for a stack, run eagerly on CPU: the step as a device tensor,
+    the AdamW schedule row read on the device across schedule chunks, the sums and flags in place, and
+    the snapshot the warm-up is undone with. Only the capture itself needs CUDA."""
+    monkeypatch.setattr(stacked_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
+    sweep = [["seed=0", "train.lr=0.003"], ["seed=1", "train.lr=0.001", "train.weight_decay=0.3"]]
+    cfgs = [load_config("fuzzy_logic", [*TINY, "train.stack_forward=loop", *o]) for o in sweep]
+    plain = StackedTrainer(cfgs, [tmp_path / "p0", tmp_path / "p1"], quiet=True)
+    body = StackedTrainer(cfgs, [tmp_path / "b0", tmp_path / "b1"], quiet=True)
+    graph = StackedStepGraph(body)
+    body._graph = graph
+    graph._before_capture()
+    snap = graph._snapshot()
+    for _ in range(2):  # the warm-up, then undone
+        body._load_schedule(int(graph.step_count))
+        graph._body()
+    graph._restore(snap, 0)
+    graph.step_count.fill_(0)
+    assert torch.equal(body.flat_RxN, plain.flat_RxN) and torch.equal(body.exp_avg_sq_RxN, plain.exp_avg_sq_RxN)
+    for step in range(7):
+        plain.train_step()
+        body._load_schedule(step)
+        graph._body()
+        body._n += 1
+        body.step += 1
+        if step in (1, 6):
+            for mine, theirs in zip(body._flush_train_metrics(), plain._flush_train_metrics(), strict=True):
+                assert mine == pytest.approx(theirs, rel=1e-6) and set(mine) == {"loss", body.task.primary_metric}
+    assert int(graph.step_count) == 7
+    for mine, theirs in ((body.flat_RxN, plain.flat_RxN), (body.exp_avg_RxN, plain.exp_avg_RxN)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+    assert body._nonfinite_R.tolist() == [-1, -1]
+    assert set(body._acc_R) == {"loss", body.task.primary_metric}  # buffers kept, zeroed by the flush
+    assert all(v.abs().sum() == 0 for v in body._acc_R.values())
+    plain.close()
+    body.close()

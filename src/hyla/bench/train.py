@@ -7,6 +7,8 @@ steps alternate ``--repeats`` times and the median block is reported, which temp
 machine's load changes (the load average is recorded too). ``--fast`` sets ``train.fast``
 (:mod:`hyla.train.fast`); ``--time-eval`` also times one evaluation, to project the wall time of
 the config's full run; ``--check-syncs`` (CUDA) fails the step on any host synchronization.
+On a CPU with a threaded stack (``train.stack_forward=threads``, one run per core) the lone step is
+also timed on one core, which gives that stack's floor: R x the one-core step / the cores.
 """
 
 from __future__ import annotations
@@ -94,8 +96,7 @@ def bench_variant(
         lone = Trainer(
             load_config(task, bench_overrides), Path(tmp) / "lone", device=device, quiet=True, progress=False
         )
-        # train.graph_step covers lone runs only: the stack is measured without it
-        cfgs = [load_config(task, [*bench_overrides, f"seed={s}", "train.graph_step=false"]) for s in range(seeds)]
+        cfgs = [load_config(task, [*bench_overrides, f"seed={s}"]) for s in range(seeds)]
         stacked = StackedTrainer(cfgs, [Path(tmp) / f"s{s}" for s in range(seeds)], device=device, quiet=True)
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -107,10 +108,19 @@ def bench_variant(
             stacked.train_step()
         _sync(device)
         warm_stacked = time.perf_counter() - t0
-        t_lone, t_stacked = [], []
+        t_lone, t_stacked, t_lone_one_core = [], [], []
+        cores = torch.get_num_threads()
+        # threads: one core per run at best; the lone step on one core gives that stack's floor
+        time_one_core = device == "cpu" and stacked.forward_mode == "threads" and seeds >= cores
         for _ in range(repeats):
             t_lone.append(_block(lone.train_step, steps, device))
             t_stacked.append(_block(stacked.train_step, steps, device))
+            if time_one_core:
+                torch.set_num_threads(1)
+                try:
+                    t_lone_one_core.append(_block(lone.train_step, steps, device))
+                finally:
+                    torch.set_num_threads(cores)
         syncs = {}
         if check_syncs:
             syncs = {"lone": _check_syncs(lone.train_step, device), "stacked": _check_syncs(stacked.train_step, device)}
@@ -142,6 +152,7 @@ def bench_variant(
         "stacked_cost_vs_one_run": stacked_s / lone_s,
         "stack_forward": forward_mode,
         "lone_graph_step": lone.cfg.train.graph_step,
+        "stacked_graph_step": cfgs[0].train.graph_step,
         "speedup_vs_sequential_runs": seeds * lone_s / stacked_s,
         "lone_block_ms": [1e3 * t for t in t_lone],
         "stacked_block_ms": [1e3 * t for t in t_stacked],
@@ -149,6 +160,12 @@ def bench_variant(
         "full_run_steps": full_steps,
         "projected_train_min": {"lone": full_steps * lone_s / 60, "stacked": full_steps * stacked_s / 60},
     }
+    if t_lone_one_core:
+        one_core_s = statistics.median(t_lone_one_core)
+        result["lone_one_core_ms_per_step"] = 1e3 * one_core_s
+        result["lone_one_core_block_ms"] = [1e3 * t for t in t_lone_one_core]
+        # R runs on `cores` cores, each run as fast as the lone run on one core
+        result["threads_floor_cost_vs_one_run"] = seeds * one_core_s / (cores * lone_s)
     if syncs:
         result["host_syncs_in_step"] = syncs
     if eval_lone is not None and eval_stacked is not None:
@@ -225,8 +242,14 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"{'':10s} stacked forward: {r['stack_forward']} (train.stack_forward); "
-            f"lone step as one CUDA graph: {r['lone_graph_step']} (train.graph_step)"
+            f"step as one CUDA graph (train.graph_step): {r['lone_graph_step']}"
         )
+        if "threads_floor_cost_vs_one_run" in r:
+            print(
+                f"{'':10s} lone step on one core {r['lone_one_core_ms_per_step']:.1f} ms vs "
+                f"{r['lone_ms_per_step']:.1f} ms on {torch.get_num_threads()}: a threaded stack's floor is "
+                f"{r['threads_floor_cost_vs_one_run']:.2f}x"
+            )
         if "host_syncs_in_step" in r:
             print(f"{'':10s} host syncs in train_step: {r['host_syncs_in_step']}")
     load_after = os.getloadavg()

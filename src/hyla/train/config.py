@@ -68,11 +68,13 @@ class TrainConfig:
     compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
     tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
     fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.fast
-    graph_step: bool = False  # CUDA, lone runs: the whole step (sampling ... AdamW) as one CUDA graph
-    stack_forward: str = "auto"  # stacked runs: "vmap" (one call, R x wider), "loop" (run by run); auto: vmap on CUDA
+    graph_step: bool = False  # CUDA, one process: the whole step (sampling ... AdamW) as one CUDA graph
+    # stacked runs: "vmap" (one call, R x wider), "loop" (run by run), "threads" (CPU: run by run, runs in
+    # parallel threads); auto: vmap on CUDA, threads on a multi-core CPU (loop with train.fast)
+    stack_forward: str = "auto"
 
 
-STACK_FORWARDS = ("auto", "vmap", "loop")
+STACK_FORWARDS = ("auto", "vmap", "loop", "threads")
 
 
 @dataclass

@@ -60,43 +60,118 @@ def graph_step_unsupported_reason(device: torch.device | str, world_size: int) -
     return None
 
 
-class WholeStepGraph:
+class StepGraph:
+    """A training step captured once as a CUDA graph and replayed; subclasses say what a step touches.
+
+    Capture: ``WARMUP_STEPS`` eager steps on a side stream first (lazy optimizer state, the fused
+    kernels' self-tests, compilation), then the state the warm-up changed is put back (``_snapshot`` /
+    ``_restore``), then one step is captured with the data generators registered, so that each replay
+    draws fresh problems. The replayed steps are then the plain path's steps. ``step_count`` is the
+    0-based step a replay runs, a device tensor the captured step advances.
+    """
+
+    WARMUP_STEPS = 2
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.step_count = torch.zeros((), dtype=torch.long, device=device)
+
+    # what a subclass provides
+    def _body(self) -> None:
+        """One step, advancing ``step_count``; every tensor it writes that outlives it is a fixed buffer."""
+        raise NotImplementedError
+
+    def _generators(self) -> list[torch.Generator]:
+        raise NotImplementedError
+
+    def _snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def _restore(self, snap: Any, step: int) -> None:
+        raise NotImplementedError
+
+    def _before_capture(self) -> None:
+        """Turn the state the step updates into fixed buffers (called once, before the warm-up)."""
+
+    def _clear_grads(self) -> None:
+        """Drop gradients left by the previous step (before each warm-up step and the capture)."""
+
+    # the mechanics
+    def _replay(self, step: int) -> None:
+        if self.graph is None:
+            self._capture(step)
+        assert self.graph is not None
+        self.graph.replay()
+
+    def _capture(self, step: int) -> None:
+        self._before_capture()
+        snap = self._snapshot()
+        self.step_count.fill_(step)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP_STEPS):
+                self._clear_grads()
+                self._body()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._restore(snap, step)
+        self.step_count.fill_(step)
+        graph = torch.cuda.CUDAGraph()
+        for gen in self._generators():
+            graph.register_generator_state(gen)
+        self._clear_grads()
+        try:
+            with torch.cuda.graph(graph):
+                self._body()
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"train.graph_step=true: the training step could not be captured as a CUDA graph ({err}); "
+                "run with train.graph_step=false"
+            ) from err
+        self.graph = graph
+
+
+class WholeStepGraph(StepGraph):
     """``train.graph_step``: a lone run's whole training step as one CUDA graph, replayed every step.
 
-    Sampling (the run's data generator is registered with the graph, so each replay draws fresh
-    problems), forward, loss, backward, fused AdamW (``capturable``, the learning rate a device tensor
+    Sampling, forward, loss, backward, fused AdamW (``capturable``, the learning rate a device tensor
     written before each replay), the metric sums and the non-finite-loss flag are captured once: a step
     is then one graph launch plus one scalar write, instead of hundreds of kernel launches with Python
-    between them. Two warm-up steps run before capture (lazy optimizer state, the fused kernels'
-    self-tests, compilation); afterwards the parameters, optimizer state, generators, metric sums and
-    flags are put back, so the replayed steps are the plain path's steps (the same losses within
-    floating-point reordering; tests/test_stacked.py checks it on CUDA).
+    between them (the same losses within floating-point reordering; tests/test_stacked.py checks it on
+    CUDA).
 
     The trainer provides ``model``, ``optimizer`` (fused AdamW built with ``capturable=True``),
     ``data_gen``, ``device``, ``_acc`` and ``_nonfinite_step`` and ``_step_body(next_step, in_place)``.
     """
 
-    WARMUP_STEPS = 2
-
     def __init__(self, trainer: Any, acc_keys: tuple[str, ...]) -> None:
+        super().__init__(trainer.device)
         self.trainer = trainer
         self.acc_keys = (*acc_keys, "_n")
-        self.graph: torch.cuda.CUDAGraph | None = None
         self.lr = torch.zeros((), dtype=torch.float32, device=trainer.device)
-        self.step_count = torch.zeros((), dtype=torch.long, device=trainer.device)
 
     def replay(self, step: int, lr: float) -> None:
         """Run step ``step`` (0-based) with learning rate ``lr``; captures the graph on first use."""
-        if self.graph is None:
-            self._capture(step)
-        assert self.graph is not None
         self.lr.fill_(lr)  # a kernel argument, no host synchronization
-        self.graph.replay()
+        self._replay(step)
 
     def _body(self) -> None:
-        tr = self.trainer
-        tr._step_body(self.step_count + 1, in_place=True)
+        self.trainer._step_body(self.step_count + 1, in_place=True)
         self.step_count.add_(1)
+
+    def _generators(self) -> list[torch.Generator]:
+        return [self.trainer.data_gen]
+
+    def _before_capture(self) -> None:
+        tr = self.trainer
+        for group in tr.optimizer.param_groups:  # also after a resume replaced them with the saved floats
+            group["lr"] = self.lr
+        zero = torch.zeros((), dtype=torch.float64, device=tr.device)
+        tr._acc = {k: tr._acc.get(k, zero).clone() for k in self.acc_keys}  # buffers the graph adds into
+
+    def _clear_grads(self) -> None:
+        self.trainer.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
     def _snapshot(self) -> dict[str, Any]:
@@ -139,33 +214,3 @@ class WholeStepGraph:
             else:
                 v.zero_()
         tr._nonfinite_step.copy_(snap["nonfinite"])
-        self.step_count.fill_(step)
-
-    def _capture(self, step: int) -> None:
-        tr = self.trainer
-        for group in tr.optimizer.param_groups:  # also after a resume replaced them with the saved floats
-            group["lr"] = self.lr
-        zero = torch.zeros((), dtype=torch.float64, device=tr.device)
-        tr._acc = {k: tr._acc.get(k, zero).clone() for k in self.acc_keys}  # buffers the graph adds into
-        snap = self._snapshot()
-        self.step_count.fill_(step)
-        side = torch.cuda.Stream(tr.device)
-        side.wait_stream(torch.cuda.current_stream(tr.device))
-        with torch.cuda.stream(side):
-            for _ in range(self.WARMUP_STEPS):
-                tr.optimizer.zero_grad(set_to_none=True)
-                self._body()
-        torch.cuda.current_stream(tr.device).wait_stream(side)
-        self._restore(snap, step)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(tr.data_gen)
-        tr.optimizer.zero_grad(set_to_none=True)
-        try:
-            with torch.cuda.graph(graph):
-                self._body()
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"train.graph_step=true: the training step could not be captured as a CUDA graph ({err}); "
-                "run with train.graph_step=false"
-            ) from err
-        self.graph = graph

@@ -15,12 +15,16 @@ another (:func:`stack_groups`). Each run ``r`` of a stack
 
 On CUDA the forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call
 runs all R models, so a GPU step launches the kernels of one run, each R times wider. On CPU
-(``train.stack_forward``, :func:`stack_forward_mode`) it calls the template once per run on that run's
-row of the parameters, with the lone run's kernels. Either way the R runs'
-parameters are views into one ``R x N`` tensor, so the optimizer is ~8 elementwise kernels for all
-parameters of all runs, with per-run learning rates and weight decays as ``R x 1`` tensors read
-from a schedule table on the device (no host-to-device copy, no host synchronization per step).
-``train.fast`` compiles the vmapped model as for a lone run (:mod:`hyla.train.fast`).
+(``train.stack_forward``, :func:`stack_forward_mode`) each run is a call of the lone model on that run's
+row of the parameters, with the lone run's kernels: one after another (``loop``), or each run's
+sampling, forward and backward in its own thread with a share of the CPU's cores (``threads``, the
+default on a multi-core CPU): a lone run's small matmuls keep two cores ~80% busy, one run per core
+keeps each busy. Either way the R runs' parameters are views into one ``R x N`` tensor, so the
+optimizer is ~8 elementwise kernels for all parameters of all runs, with per-run learning rates and
+weight decays as ``R x 1`` tensors read from a schedule table on the device (no host-to-device copy,
+no host synchronization per step). ``train.fast`` compiles the vmapped model as for a lone run
+(:mod:`hyla.train.fast`); ``train.graph_step`` (CUDA) captures the whole stacked step as one CUDA
+graph (:class:`StackedStepGraph`).
 A stacked run equals its lone run up to floating-point reordering (tests: losses within 1e-4).
 """
 
@@ -34,7 +38,9 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +60,7 @@ from hyla.train.checkpoint import (
     save_checkpoint,
 )
 from hyla.train.config import ExperimentConfig, dump_config, load_config
-from hyla.train.fast import compile_mode, uses_cudagraphs
+from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.loop import (
     RESUMABLE_CHANGES,
     Interrupted,
@@ -80,17 +86,59 @@ BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults, which the 
 SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and copied to the device
 
 
-def stack_forward_mode(setting: str, device: torch.device | str) -> str:
-    """``train.stack_forward`` resolved for ``device``: ``vmap`` or ``loop``.
+def stack_forward_mode(
+    setting: str, device: torch.device | str, *, num_runs: int = 2, fast: bool = False, cpu_threads: int | None = None
+) -> str:
+    """``train.stack_forward`` resolved for ``device``: ``vmap``, ``loop`` or ``threads``.
 
     ``auto`` is ``vmap`` on CUDA, where a step of these tiny models is launch-bound and one R times
-    wider launch is what pays, and ``loop`` elsewhere: on a CPU the step is compute-bound and vmap's
-    batched forms (``bmm`` for the per-run linear layers) are slower than the lone ones
-    (``results/train_throughput.md``).
+    wider launch is what pays. On a CPU the step is compute-bound and vmap's batched forms (``bmm``
+    for the per-run linear layers) are slower than the lone ones (``results/train_throughput.md``), so
+    the runs are called one by one: in parallel threads (``threads``) when there are several runs and
+    several cores (``cpu_threads``, default ``torch.get_num_threads()``), else in turn (``loop``;
+    also under ``fast``, since ``torch.compile`` is not thread-safe).
     """
-    if setting == "auto":
-        return "vmap" if torch.device(device).type == "cuda" else "loop"
-    return setting
+    if setting != "auto":
+        return setting
+    if torch.device(device).type == "cuda":
+        return "vmap"
+    cores = torch.get_num_threads() if cpu_threads is None else cpu_threads
+    return "threads" if num_runs > 1 and cores > 1 and not fast else "loop"
+
+
+class RunThreads:
+    """``count`` worker threads, each running torch ops with ``threads_each`` intra-op threads.
+
+    ``torch.set_num_threads`` is per thread for OpenMP and MKL, but it also sets the process-wide
+    default that a thread's first parallel op adopts; so each worker first triggers its own
+    initialization, then sets its count, and the caller's count is restored once all workers have.
+    """
+
+    def __init__(self, count: int, threads_each: int) -> None:
+        if count < 1 or threads_each < 1:
+            raise ValueError(f"count and threads_each must be >= 1, got {count} and {threads_each}")
+        self.count, self.threads_each = count, threads_each
+        caller_threads = torch.get_num_threads()
+        ready = threading.Barrier(count + 1)
+
+        def start() -> None:
+            torch.get_num_threads()  # this thread's lazy init, from the process-wide default
+            torch.set_num_threads(threads_each)
+            ready.wait()
+
+        # a worker blocked in its initializer is not idle, so each submit below starts a new thread
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="hyla-run", initializer=start)
+        started = [self._pool.submit(torch.get_num_threads) for _ in range(count)]
+        ready.wait()
+        self.worker_threads = sorted(f.result() for f in started)
+        torch.set_num_threads(caller_threads)
+
+    def map(self, fn: Any, items: list[Any]) -> list[Any]:
+        """``[fn(item) for item in items]`` computed in the workers (exceptions re-raised here)."""
+        return list(self._pool.map(fn, items))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 # ------------------------------------------------------------------------------ which runs stack
@@ -171,6 +219,61 @@ def _concat(batches: list[Batch]) -> Batch:
     )
 
 
+class StackedStepGraph(StepGraph):
+    """``train.graph_step`` for a stack: all R runs' step (sampling from R generators, the stacked
+    forward and backward, the stacked AdamW reading its schedule row on the device, the metric sums)
+    as one CUDA graph. The trainer's state is already in fixed buffers (``flat_RxN``, the AdamW
+    moments, the schedule table); the metric sums become buffers before capture."""
+
+    def __init__(self, trainer: StackedTrainer) -> None:
+        super().__init__(trainer.device)
+        self.trainer = trainer
+
+    def replay(self, step: int) -> None:
+        """Run step ``step`` (0-based) of every run; captures the graph on first use."""
+        self.trainer._load_schedule(step)  # the captured step reads the row of its chunk
+        self._replay(step)
+
+    def _body(self) -> None:
+        self.trainer._step_body(self.step_count, in_place=True)
+        self.step_count.add_(1)
+
+    def _generators(self) -> list[torch.Generator]:
+        return [run.gen for run in self.trainer.runs]
+
+    def _before_capture(self) -> None:
+        tr = self.trainer
+        zeros_R = torch.zeros(tr.num_runs, dtype=torch.float64, device=tr.device)
+        keys = ("loss", tr.task.primary_metric)
+        tr._acc_R = {k: tr._acc_R.get(k, zeros_R).clone() for k in keys}
+
+    @torch.no_grad()
+    def _snapshot(self) -> dict[str, Any]:
+        tr = self.trainer
+        snap: dict[str, Any] = {
+            "tensors": [t.clone() for t in self._state()],
+            "gens": [run.gen.get_state() for run in tr.runs],
+        }
+        if tr.device.type == "cuda":  # the default generator, which torch.cuda.graph registers itself
+            snap["cuda_rng"] = torch.cuda.get_rng_state(tr.device)
+        return snap
+
+    @torch.no_grad()
+    def _restore(self, snap: dict[str, Any], step: int) -> None:
+        for t, saved in zip(self._state(), snap["tensors"]):
+            t.copy_(saved)
+        for run, state in zip(self.trainer.runs, snap["gens"]):
+            run.gen.set_state(state)
+        if "cuda_rng" in snap:
+            torch.cuda.set_rng_state(snap["cuda_rng"], self.trainer.device)
+
+    def _state(self) -> list[Tensor]:
+        """Every tensor a step updates in place, in a fixed order."""
+        tr = self.trainer
+        sums = [tr._acc_R[k] for k in sorted(tr._acc_R)]
+        return [tr.flat_RxN, tr.exp_avg_RxN, tr.exp_avg_sq_RxN, tr._nonfinite_R, *sums]
+
+
 class StackedTrainer:
     """Train ``len(cfgs)`` runs at once; ``out_dirs[r]`` receives run ``r``.
 
@@ -198,11 +301,6 @@ class StackedTrainer:
         self.device = torch.device(device)
         self.quiet, self.stop_at_step = quiet, stop_at_step
         self.cfg = cfgs[0]
-        if any(cfg.train.graph_step for cfg in cfgs):
-            raise ValueError(
-                "train.graph_step=true captures a lone run's step; stacked runs (--seeds, sweeps) do not take it "
-                "(allowed values here: false; train.fast=true compiles the stacked model)"
-            )
         self.task = build_task(cfgs[0])
         models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]  # seeds as the lone runs
         for cfg in cfgs:
@@ -245,7 +343,7 @@ class StackedTrainer:
         self._acc_R: dict[str, Tensor] = {}  # metric -> R sums of per-step means since the last log
         self._nonfinite_R = torch.full((num_runs,), -1, dtype=torch.long, device=self.device)
         self._schedule_chunk = -1
-        self._schedule_SxRx2 = torch.empty(0)
+        self._schedule_SxRx3 = torch.empty(0)
         self._stop_signal: int | None = None
 
         positions = self.task.num_output_positions
@@ -254,14 +352,46 @@ class StackedTrainer:
         def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
             return functional_call(template, (p, b), (x,), {"last_positions": positions})
 
-        self.forward_mode = stack_forward_mode(self.cfg.train.stack_forward, self.device)
+        self.forward_mode = stack_forward_mode(
+            self.cfg.train.stack_forward, self.device, num_runs=num_runs, fast=self.cfg.train.fast
+        )
+        if self.forward_mode == "threads" and (self.device.type != "cpu" or self.cfg.train.fast):
+            raise ValueError(
+                f"train.stack_forward=threads runs eager CPU steps (device {self.device}, train.fast="
+                f"{str(self.cfg.train.fast).lower()}); allowed values here: auto, vmap, loop"
+            )
+        self._threads: RunThreads | None = None
+        self._run_models: list[nn.Module] = []
+        graph_step = self.cfg.train.graph_step
+        if graph_step:
+            reason = graph_step_unsupported_reason(self.device, 1)
+            if reason is None and self.forward_mode == "threads":
+                reason = "captures one thread's step (train.stack_forward=threads)"
+            if reason is not None:
+                raise ValueError(f"train.graph_step=true {reason}; allowed values here: false")
         mode = compile_mode(self.cfg.train, self.device)
+        if graph_step and uses_cudagraphs(mode, self.device):
+            mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"  # the whole step is one
         self._cudagraphs = uses_cudagraphs(mode, self.device)
         if self.forward_mode == "vmap":
             self._forward_train = vmap(one_run, in_dims=(0, 0, 0))  # each run its own batch
             self._forward_eval = vmap(one_run, in_dims=(0, 0, None))  # one batch for all runs
             if mode is not None:
                 self._forward_train = torch.compile(self._forward_train, mode=mode)
+        elif self.forward_mode == "threads":
+            # functional_call swaps a module's parameters for the call, so each thread has its own module;
+            # each run's leaves are its row of flat_RxN, so the optimizer's in-place update moves them
+            self._run_models = [copy.deepcopy(self.template) for _ in range(num_runs)]
+            self._run_leaves = [
+                {
+                    s.name: self.flat_RxN[r, s.offset : s.offset + s.numel].view(s.shape).detach().requires_grad_()
+                    for s in self.slots
+                }
+                for r in range(num_runs)
+            ]
+            cores = torch.get_num_threads()
+            self._threads = RunThreads(num_runs, max(1, cores // num_runs))
+            self._forward_eval = self._threaded_eval_forward
         else:
             # run by run: each run gets the lone model's kernels, and its parameters are row r of the
             # stacked ones, so autograd still delivers the R x N gradient the stacked optimizer reads
@@ -291,6 +421,7 @@ class StackedTrainer:
                     raise CheckpointError(
                         f"{run.out} already holds a run; pass --resume to continue it or choose another --out"
                     )
+        self._graph = StackedStepGraph(self) if graph_step else None
         from torch.utils.tensorboard import SummaryWriter
 
         for run in self.runs:
@@ -303,40 +434,50 @@ class StackedTrainer:
         return len(self.runs)
 
     # --------------------------------------------------------------------------- optimizer
-    def _schedule(self, step: int) -> tuple[Tensor, Tensor]:
-        """Per-run ``1 - lr * wd`` and ``-lr / (1 - beta1^t)`` at ``step`` (each ``R x 1``, float32).
+    def _schedule_row(self, step: int | Tensor) -> Tensor:
+        """Per-run ``1 - lr * wd``, ``-lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)`` at ``step`` (R x 3).
 
         Computed in float64 on the host as ``torch.optim.AdamW`` does, rounded to float32 as its
-        kernels do, for ``SCHEDULE_CHUNK`` steps at a time; a step reads a view of the device table.
+        kernels do, for ``SCHEDULE_CHUNK`` steps at a time into one device table; a step reads a row.
+        ``step`` as a device tensor (a captured step) reads the row on the device; the host then loads
+        the chunk before each replay (:meth:`_load_schedule`).
         """
+        if isinstance(step, Tensor):
+            return self._schedule_SxRx3.index_select(0, step.remainder(SCHEDULE_CHUNK).view(1))[0]
+        self._load_schedule(step)
+        return self._schedule_SxRx3[step % SCHEDULE_CHUNK]
+
+    def _load_schedule(self, step: int) -> None:
         chunk = step // SCHEDULE_CHUNK
-        if chunk != self._schedule_chunk:
-            rows = []
-            for s in range(chunk * SCHEDULE_CHUNK, (chunk + 1) * SCHEDULE_CHUNK):
-                bias_correction1 = 1 - BETA1 ** (s + 1)
-                lrs = [lr_at(s, r.cfg) for r in self.runs]
-                rows.append(
-                    [[1 - lr * r.cfg.train.weight_decay, -(lr / bias_correction1)] for lr, r in zip(lrs, self.runs)]
-                )
-            table = torch.tensor(rows, dtype=torch.float32)
-            if self.device.type == "cuda":
-                table = table.pin_memory()
-            self._schedule_SxRx2 = table.to(self.device, non_blocking=True)
-            self._schedule_chunk = chunk
-        row_Rx2 = self._schedule_SxRx2[step - chunk * SCHEDULE_CHUNK]
-        return row_Rx2[:, 0:1], row_Rx2[:, 1:2]
+        if chunk == self._schedule_chunk:
+            return
+        rows = []
+        for s in range(chunk * SCHEDULE_CHUNK, (chunk + 1) * SCHEDULE_CHUNK):
+            bias_correction1, bias_correction2_sqrt = 1 - BETA1 ** (s + 1), (1 - BETA2 ** (s + 1)) ** 0.5
+            rows.append(
+                [
+                    [1 - lr * r.cfg.train.weight_decay, -(lr / bias_correction1), bias_correction2_sqrt]
+                    for lr, r in ((lr_at(s, r.cfg), r) for r in self.runs)
+                ]
+            )
+        table = torch.tensor(rows, dtype=torch.float32)
+        if self.device.type == "cuda":
+            table = table.pin_memory()
+        if self._schedule_SxRx3.shape == table.shape:  # in place: a captured step reads this buffer
+            self._schedule_SxRx3.copy_(table, non_blocking=True)
+        else:
+            self._schedule_SxRx3 = table.to(self.device, non_blocking=True)
+        self._schedule_chunk = chunk
 
     @torch.no_grad()
-    def _adamw_step(self, grad_RxN: Tensor) -> None:
+    def _adamw_step(self, grad_RxN: Tensor, schedule_Rx3: Tensor) -> None:
         """``torch.optim.AdamW``'s update (single-tensor arithmetic) of all runs' parameters at once."""
-        decay_Rx1, neg_step_size_Rx1 = self._schedule(self.step)
-        t = self.step + 1
-        bias_correction2_sqrt = (1 - BETA2**t) ** 0.5
+        decay_Rx1, neg_step_size_Rx1, bias_correction2_sqrt_Rx1 = schedule_Rx3.split(1, dim=1)
         p, m, v = self.flat_RxN, self.exp_avg_RxN, self.exp_avg_sq_RxN
         p[:, : self.num_decayed].mul_(decay_Rx1)
         m.lerp_(grad_RxN, 1 - BETA1)
         v.mul_(BETA2).addcmul_(grad_RxN, grad_RxN, value=1 - BETA2)
-        denom = (v.sqrt() / bias_correction2_sqrt).add_(EPS)
+        denom = (v.sqrt() / bias_correction2_sqrt_Rx1).add_(EPS)
         p.addcdiv_(m * neg_step_size_Rx1, denom)
 
     # --------------------------------------------------------------------------- steps
@@ -347,6 +488,19 @@ class StackedTrainer:
 
     def train_step(self) -> None:
         """One optimizer step of every run; no host synchronization."""
+        if self._graph is not None:
+            self._graph.replay(self.step)
+        elif self._threads is not None:
+            self._threaded_train_step()
+        else:
+            self._step_body(self.step, in_place=False)
+        self._n += 1
+        self.step += 1
+
+    def _step_body(self, step: int | Tensor, *, in_place: bool) -> None:
+        """Sampling, forward, backward, AdamW and the metric sums of 0-based step ``step``. ``in_place``
+        (a step captured by ``train.graph_step``, ``step`` a device tensor) updates the sums and the
+        non-finite flags in their buffers."""
         t = self.cfg.train
         r_count, accum = self.num_runs, t.grad_accum_steps
         grad_RxN: Tensor | None = None
@@ -368,13 +522,70 @@ class StackedTrainer:
                 m = self.task.metrics(out.detach(), batch)
                 per_run = {k: m[k].double().view(r_count, -1).mean(1) for k in ("loss", self.task.primary_metric)}
                 bad_R = ~torch.isfinite(per_run["loss"])
-                self._nonfinite_R = torch.where(bad_R & (self._nonfinite_R < 0), self.step + 1, self._nonfinite_R)
+                flag_R = torch.where(bad_R & (self._nonfinite_R < 0), step + 1, self._nonfinite_R)
+                if in_place:
+                    self._nonfinite_R.copy_(flag_R)
+                else:
+                    self._nonfinite_R = flag_R
                 for k, v_R in per_run.items():
-                    self._acc_add(k, v_R / accum)
+                    if in_place:
+                        self._acc_R[k].add_(v_R / accum)
+                    else:
+                        self._acc_add(k, v_R / accum)
         assert grad_RxN is not None
-        self._adamw_step(grad_RxN)
-        self._n += 1
-        self.step += 1
+        self._adamw_step(grad_RxN, self._schedule_row(step))
+
+    def _run_forward(self, r: int, x: Tensor) -> Tensor:
+        return functional_call(
+            self._run_models[r],
+            (self._run_leaves[r], {n: b[r] for n, b in self.buffers.items()}),
+            (x,),
+            {"last_positions": self.task.num_output_positions},
+        )
+
+    def _run_step(self, r: int, grad_RxN: Tensor) -> dict[str, Tensor]:
+        """Run ``r``'s share of a step (its thread): sampling, forward, backward into ``grad_RxN[r]``;
+        returns its mean loss and primary metric over the step's problems."""
+        t = self.cfg.train
+        accum = t.grad_accum_steps
+        leaves = list(self._run_leaves[r].values())
+        sums: dict[str, Tensor] = {}
+        for micro in range(accum):
+            batch = self.task.sample(t.batch_size // accum, "train", self.runs[r].gen)
+            with self._autocast():
+                out = self._run_forward(r, batch.inputs).float()
+                loss = self.task.loss(out, batch)
+            grads = torch.autograd.grad(loss / accum, leaves, allow_unused=True, materialize_grads=True)
+            if micro == 0:
+                torch.cat([g.reshape(-1) for g in grads], out=grad_RxN[r])
+            else:
+                grad_RxN[r].add_(torch.cat([g.reshape(-1) for g in grads]))
+            with torch.no_grad():
+                m = self.task.metrics(out.detach(), batch)
+                for k in ("loss", self.task.primary_metric):
+                    value = m[k].double().mean() / accum
+                    sums[k] = sums[k] + value if k in sums else value
+        return sums
+
+    def _threaded_train_step(self) -> None:
+        assert self._threads is not None
+        grad_RxN = torch.empty_like(self.flat_RxN)
+        per_run = self._threads.map(lambda r: self._run_step(r, grad_RxN), list(range(self.num_runs)))
+        with torch.no_grad():
+            for k in per_run[0]:
+                self._acc_add(k, torch.stack([p[k] for p in per_run]))
+            bad_R = ~torch.isfinite(torch.stack([p["loss"] for p in per_run]))
+            self._nonfinite_R = torch.where(bad_R & (self._nonfinite_R < 0), self.step + 1, self._nonfinite_R)
+        self._adamw_step(grad_RxN, self._schedule_row(self.step))
+
+    def _threaded_eval_forward(self, p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
+        assert self._threads is not None
+
+        def forward(r: int) -> Tensor:
+            with torch.no_grad(), self._autocast():  # grad mode and autocast are per thread
+                return self._run_forward(r, x)
+
+        return torch.stack(self._threads.map(forward, list(range(self.num_runs))))
 
     def _acc_add(self, key: str, value_R: Tensor) -> None:
         self._acc_R[key] = self._acc_R[key] + value_R if key in self._acc_R else value_R
@@ -385,7 +596,12 @@ class StackedTrainer:
             return [{} for _ in self.runs]
         keys = sorted(self._acc_R)
         values = (torch.stack([self._acc_R[k] for k in keys], dim=1) / float(self._n)).tolist()
-        self._acc_R, self._n = {}, 0
+        if self._graph is not None:  # the captured step adds into these buffers: keep them, zeroed
+            for v in self._acc_R.values():
+                v.zero_()
+        else:
+            self._acc_R = {}
+        self._n = 0
         return [dict(zip(keys, row)) for row in values]
 
     def _check_finite(self) -> None:
@@ -403,7 +619,9 @@ class StackedTrainer:
         """Per run: mean per-problem metrics over ``eval_size`` problems of every split (the lone
         trainer's problems: generators seeded ``eval_seed * 101 + split index``)."""
         t = self.cfg.train
-        self.template.eval()
+        models = [self.template, *self._run_models]
+        for model in models:
+            model.eval()
         results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
         for i, split in enumerate(self.task.splits):
             gen = torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i)
@@ -423,7 +641,8 @@ class StackedTrainer:
             table = (torch.stack([sums[k] for k in keys], dim=1) / float(count)).tolist()
             for r, row in enumerate(table):
                 results[r][split] = dict(zip(keys, row))
-        self.template.train()
+        for model in models:
+            model.train()
         return results
 
     def _log(self, run: _Run, split: str, values: dict[str, float]) -> None:
@@ -505,6 +724,9 @@ class StackedTrainer:
         return results
 
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
         for run in self.runs:
             if run.writer is not None:
                 run.writer.close()
