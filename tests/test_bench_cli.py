@@ -101,6 +101,7 @@ def test_bench_train_writes_lone_and_stacked_figures(tmp_path: Path) -> None:
     tiny = ["model.num_layers=1", "train.batch_size=8", "train.stack_forward=threads"]
     args = ["bench", "train", "--task", "fuzzy_logic", "--variants", "softmax", "--seeds", "2", "--steps", "1"]
     args += ["--repeats", "2", "--warmup", "1", "--json", str(out), *(f"--override={o}" for o in tiny)]
+    args += ["--also-stack-forward", "loop"]
     assert main(args) == 0
     d = json.loads(out.read_text())
     r = d["variants"]["softmax"]
@@ -108,7 +109,9 @@ def test_bench_train_writes_lone_and_stacked_figures(tmp_path: Path) -> None:
     assert r["stacked_cost_vs_one_run"] == pytest.approx(r["stacked_ms_per_step"] / r["lone_ms_per_step"])
     # the one-core timing (a threaded stack's floor) is taken when there are at least as many runs as cores
     assert ("threads_floor_cost_vs_one_run" in r) == (torch.get_num_threads() <= 2)
-    assert "--override train.stack_forward=threads" in d["command"]
+    assert "--override train.stack_forward=threads" in d["command"] and "--also-stack-forward loop" in d["command"]
+    loop = r["other_stack_forwards"]["loop"]
+    assert len(loop["stacked_block_ms"]) == 2 and loop["stacked_cost_vs_one_run"] > 0
 
 
 @pytest.mark.kernel

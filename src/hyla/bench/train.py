@@ -81,8 +81,10 @@ def bench_variant(
     time_eval: bool = False,
     check_syncs: bool = False,
     overrides: list[str] | None = None,
+    other_stack_forwards: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Lone vs ``seeds`` stacked runs of ``task`` with ``model.attention=variant``."""
+    """Lone vs ``seeds`` stacked runs of ``task`` with ``model.attention=variant``; each of
+    ``other_stack_forwards`` (``train.stack_forward`` values) adds a stack timed in the same rotation."""
     for name, value, low in (("seeds", seeds, 1), ("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -98,6 +100,20 @@ def bench_variant(
         )
         cfgs = [load_config(task, [*bench_overrides, f"seed={s}"]) for s in range(seeds)]
         stacked = StackedTrainer(cfgs, [Path(tmp) / f"s{s}" for s in range(seeds)], device=device, quiet=True)
+
+        def stack_of(mode: str) -> StackedTrainer:
+            mode_cfgs = [
+                load_config(task, [*bench_overrides, f"seed={s}", f"train.stack_forward={mode}"]) for s in range(seeds)
+            ]
+            return StackedTrainer(
+                mode_cfgs, [Path(tmp) / mode / f"s{s}" for s in range(seeds)], device=device, quiet=True
+            )
+
+        others = {mode: stack_of(mode) for mode in other_stack_forwards}
+        for other in others.values():
+            for _ in range(warmup):
+                other.train_step()
+        t_others: dict[str, list[float]] = {mode: [] for mode in others}
         t0 = time.perf_counter()
         for _ in range(warmup):
             lone.train_step()
@@ -115,6 +131,8 @@ def bench_variant(
         for _ in range(repeats):
             t_lone.append(_block(lone.train_step, steps, device))
             t_stacked.append(_block(stacked.train_step, steps, device))
+            for mode, other in others.items():
+                t_others[mode].append(_block(other.train_step, steps, device))
             if time_one_core:
                 torch.set_num_threads(1)
                 try:
@@ -137,6 +155,8 @@ def bench_variant(
             eval_stacked = time.perf_counter() - t0
         lone.close()
         stacked.close()
+        for other in others.values():
+            other.close()
     lone_s, stacked_s = statistics.median(t_lone), statistics.median(t_stacked)
     forward_mode = stacked.forward_mode
     batch = cfgs[0].train.batch_size
@@ -160,6 +180,15 @@ def bench_variant(
         "full_run_steps": full_steps,
         "projected_train_min": {"lone": full_steps * lone_s / 60, "stacked": full_steps * stacked_s / 60},
     }
+    if others:
+        result["other_stack_forwards"] = {
+            mode: {
+                "stacked_ms_per_step": 1e3 * statistics.median(t_others[mode]),
+                "stacked_cost_vs_one_run": statistics.median(t_others[mode]) / lone_s,
+                "stacked_block_ms": [1e3 * t for t in t_others[mode]],
+            }
+            for mode in others
+        }
     if t_lone_one_core:
         one_core_s = statistics.median(t_lone_one_core)
         result["lone_one_core_ms_per_step"] = 1e3 * one_core_s
@@ -186,6 +215,8 @@ def _command(args: argparse.Namespace) -> str:
     parts += [flag for flag, on in (("--fast", args.fast), ("--compile", args.compile)) if on]
     parts += [flag for flag, on in (("--time-eval", args.time_eval), ("--check-syncs", args.check_syncs)) if on]
     parts += [f"--override {o}" for o in args.overrides]
+    if args.also_stack_forward:
+        parts.append(f"--also-stack-forward {args.also_stack_forward}")
     return " ".join(parts)
 
 
@@ -222,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
                 time_eval=args.time_eval,
                 check_syncs=args.check_syncs,
                 overrides=args.overrides,
+                other_stack_forwards=tuple(m.strip() for m in args.also_stack_forward.split(",") if m.strip()),
             )
         except ValueError as err:
             print(f"hyla bench train: error: {err}", file=sys.stderr)
@@ -249,6 +281,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{'':10s} lone step on one core {r['lone_one_core_ms_per_step']:.1f} ms vs "
                 f"{r['lone_ms_per_step']:.1f} ms on {torch.get_num_threads()}: a threaded stack's floor is "
                 f"{r['threads_floor_cost_vs_one_run']:.2f}x"
+            )
+        for mode, o in r.get("other_stack_forwards", {}).items():
+            print(
+                f"{'':10s} stack with train.stack_forward={mode}: {1e3 / o['stacked_ms_per_step']:.2f} steps/s, "
+                f"{o['stacked_cost_vs_one_run']:.2f}x one run (same rotation)"
             )
         if "host_syncs_in_step" in r:
             print(f"{'':10s} host syncs in train_step: {r['host_syncs_in_step']}")
@@ -299,5 +336,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-eval", action="store_true", help="also time one evaluation; project the full run")
     p.add_argument("--check-syncs", action="store_true", help="CUDA: verify train_step makes no host synchronization")
     p.add_argument("--override", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--also-stack-forward",
+        default="",
+        metavar="MODES",
+        help="comma-separated train.stack_forward values: more stacks timed in the same rotation (A/B on one machine)",
+    )
     p.add_argument("--json", help="write the results (and machine, load, date) to this file")
     p.set_defaults(func=run)

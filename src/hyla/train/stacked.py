@@ -119,7 +119,7 @@ class RunThreads:
             raise ValueError(f"count and threads_each must be >= 1, got {count} and {threads_each}")
         self.count, self.threads_each = count, threads_each
         caller_threads = torch.get_num_threads()
-        ready = threading.Barrier(count + 1)
+        ready = threading.Barrier(count + 1, timeout=60)  # a worker that fails to start breaks it
 
         def start() -> None:
             torch.get_num_threads()  # this thread's lazy init, from the process-wide default
@@ -362,6 +362,7 @@ class StackedTrainer:
             )
         self._threads: RunThreads | None = None
         self._run_models: list[nn.Module] = []
+        self._run_leaves: list[dict[str, Tensor]] = []
         graph_step = self.cfg.train.graph_step
         if graph_step:
             reason = graph_step_unsupported_reason(self.device, 1)
