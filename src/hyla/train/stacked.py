@@ -18,8 +18,8 @@ runs all R models, so a GPU step launches the kernels of one run, each R times w
 (``train.stack_forward``, :func:`stack_forward_mode`) each run is a call of the lone model on that run's
 row of the parameters, with the lone run's kernels: one after another (``loop``), or each run's
 sampling, forward and backward in its own thread with a share of the CPU's cores (``threads``, the
-default on a multi-core CPU): a lone run's small matmuls keep two cores ~80% busy, one run per core
-keeps each busy. Either way the R runs' parameters are views into one ``R x N`` tensor, so the
+default on a multi-core CPU; on the 2-core machine as fast as ``loop`` or up to 9% faster, since a lone
+run already keeps both cores busy: ``results/train_throughput.md``). Either way the R runs' parameters are views into one ``R x N`` tensor, so the
 optimizer is ~8 elementwise kernels for all parameters of all runs, with per-run learning rates and
 weight decays as ``R x 1`` tensors read from a schedule table on the device (no host-to-device copy,
 no host synchronization per step). ``train.fast`` compiles the vmapped model as for a lone run
