@@ -4,6 +4,8 @@ the same runs trained alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -16,8 +18,15 @@ from hyla.train import stacked as stacked_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import compile_mode, uses_cudagraphs
-from hyla.train.loop import NonFiniteLossError
-from hyla.train.stacked import RunThreads, StackedStepGraph, StackedTrainer, stack_forward_mode, stack_groups
+from hyla.train.loop import Interrupted, NonFiniteLossError
+from hyla.train.stacked import (
+    RunThreads,
+    StackedStepGraph,
+    StackedTrainer,
+    stack_forward_mode,
+    stack_groups,
+    stacked_configs,
+)
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -105,6 +114,39 @@ def test_stacked_resume_and_lone_resume_of_a_stacked_run(tmp_path: Path) -> None
     assert main([*resume, "--quiet"]) == 0
     assert_same_metrics(metrics(one / "seed1"), metrics(full / "seed1"))
     assert load_checkpoint(latest_checkpoint(one / "seed1")).step == 8
+
+
+def test_signal_stops_a_stack_with_checkpoints_and_resume_matches(tmp_path: Path) -> None:
+    """SIGTERM mid-run: every run's checkpoint is written at that step, and resuming gives the
+    uninterrupted stack's metrics (the stack and the lone trainer share one run loop, ``drive``)."""
+    args = ["train", "fuzzy_logic", *TINY, "--seeds", "0,1", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    cfgs, outs = stacked_configs_for(tmp_path / "parts", "0,1")
+    trainer = StackedTrainer(cfgs, outs, quiet=True)
+    real_step = trainer.train_step
+
+    def step_then_sigterm() -> None:
+        real_step()
+        if trainer.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.train_step = step_then_sigterm  # type: ignore[method-assign]
+    with pytest.raises(Interrupted, match="SIGTERM"):
+        trainer.run()
+    trainer.close()
+    assert [latest_checkpoint(out).name for out in outs] == ["step-000000003"] * 2
+    assert main([*args, "--out", str(tmp_path / "parts"), "--resume"]) == 0
+    for seed in (0, 1):
+        whole, parts = tmp_path / "whole" / f"seed{seed}", tmp_path / "parts" / f"seed{seed}"
+        assert (whole / "metrics.jsonl").read_bytes() == (parts / "metrics.jsonl").read_bytes()
+
+
+def stacked_configs_for(out: Path, seeds: str) -> tuple[list, list[Path]]:
+    """What ``hyla train fuzzy_logic TINY --seeds SEEDS --out OUT`` would train."""
+    import argparse
+
+    ns = argparse.Namespace(config="fuzzy_logic", overrides=TINY, seeds=seeds, sweep=None, out=str(out))
+    return stacked_configs(ns)
 
 
 def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsys) -> None:

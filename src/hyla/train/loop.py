@@ -13,10 +13,11 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,10 @@ RESUMABLE_CHANGES = (
 )
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a run saves a checkpoint and exits on these
+T = TypeVar("T")
+
+
 class NonFiniteLossError(RuntimeError):
     pass
 
@@ -54,6 +59,69 @@ class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class Schedule(Protocol):
+    """What :func:`drive` needs of a trainer (the lone :class:`Trainer` and the stacked one)."""
+
+    cfg: ExperimentConfig
+    step: int
+    stop_at_step: int | None
+
+    def train_step(self) -> None: ...
+    def save(self) -> None: ...
+    def _check_finite(self) -> None: ...
+
+
+def drive(
+    trainer: Schedule,
+    *,
+    log: Callable[[int, float], None],
+    evaluate: Callable[[int], T],
+    say: Callable[[str], None],
+    after_step: Callable[[], None] | None = None,
+) -> T | None:
+    """Train ``trainer`` to ``train.steps``: ``log(step, steps_per_s)`` every ``log_every`` steps,
+    ``evaluate(step)`` every ``eval_every`` and a checkpoint every ``checkpoint_every`` (all three at
+    the last step), stopping with a checkpoint at ``trainer.stop_at_step`` or on SIGINT / SIGTERM
+    (then :class:`Interrupted` is raised). Every stop checks for a non-finite loss first, so no
+    checkpoint holds a diverged model. Returns the last evaluation (None if there was none)."""
+    t = trainer.cfg.train
+    caught: list[int] = []
+    old_handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOP_SIGNALS}
+    last: T | None = None
+    t_last, step_last = time.perf_counter(), trainer.step
+    try:
+        while trainer.step < t.steps:
+            trainer.train_step()
+            s = trainer.step
+            if s % t.log_every == 0 or s == t.steps:
+                trainer._check_finite()  # reads the device: the time below includes the queued work
+                now = time.perf_counter()
+                steps_per_s = (s - step_last) / max(now - t_last, 1e-9)
+                t_last, step_last = now, s
+                log(s, steps_per_s)
+            if s % t.eval_every == 0 or s == t.steps:
+                trainer._check_finite()
+                last = evaluate(s)
+            if s % t.checkpoint_every == 0 or s == t.steps:
+                trainer._check_finite()
+                trainer.save()
+            if after_step is not None:
+                after_step()
+            if trainer.stop_at_step is not None and trainer.stop_at_step <= s < t.steps:
+                trainer._check_finite()
+                trainer.save()
+                say(f"stopped at step {s} (--stop-at-step); resume with --resume")
+                break
+            if caught:
+                trainer._check_finite()
+                trainer.save()
+                raise Interrupted(caught[0])
+    finally:
+        for s_, h in old_handlers.items():
+            signal.signal(s_, h)
+    return last
 
 
 # ------------------------------------------------------------------------------ building blocks
@@ -218,7 +286,6 @@ class Trainer:
         self.step = 0
         self._acc: dict[str, Tensor] = {}
         self._nonfinite_step = torch.full((), -1, dtype=torch.long, device=self.device)
-        self._stop_signal: int | None = None
         self.progress = progress and not quiet and self.dist.is_main
         self._prepare_run_dir(resume)
         if cfg.train.graph_step:
@@ -442,12 +509,8 @@ class Trainer:
             return {}
         return {k: vec[j] / vec[-1] for j, k in enumerate(keys)}
 
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        self._stop_signal = signum
-
     def run(self) -> dict[str, dict[str, float]]:
         t = self.cfg.train
-        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -457,65 +520,38 @@ class Trainer:
             self._say(
                 f"{self.cfg.name}: {num_parameters(self.model):,} parameters, {t.steps} steps, device {self.device}"
             )
-        last_results: dict[str, dict[str, float]] = {}
-        t_last, step_last = time.perf_counter(), self.step
+
+        def log(s: int, steps_per_s: float) -> None:
+            train_metrics = self._flush_train_metrics()
+            self._log(s, "train_batch", {**train_metrics, "lr": lr_at(s - 1, self.cfg)})
+            if self.writer is not None:
+                self.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
+                self.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
+                if self.cfg.data.task == "text":
+                    self.writer.add_scalar("perf/tokens_per_s", steps_per_s * t.batch_size * self.task.seq_len, s)
+            summary = {k: f"{v:.4g}" for k, v in train_metrics.items()} | {"it/s": f"{steps_per_s:.1f}"}
+            if bar is not None:
+                bar.set_postfix(summary)
+            elif self.quiet and self.dist.is_main:
+                self._say(f"step {s}/{t.steps} " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+        def evaluate(s: int) -> dict[str, dict[str, float]]:
+            results = self.evaluate()
+            for split, values in results.items():
+                self._log(s, split, values)
+            if self.quiet and self.dist.is_main:
+                metric = self.task.primary_metric
+                self._say(f"eval step {s}: " + ", ".join(f"{sp} {metric}={v[metric]:.4f}" for sp, v in results.items()))
+            return results
+
         try:
-            while self.step < t.steps:
-                self.train_step()
-                s = self.step
-                if s % t.log_every == 0 or s == t.steps:
-                    self._check_finite()
-                    train_metrics = self._flush_train_metrics()
-                    self._log(s, "train_batch", {**train_metrics, "lr": lr_at(s - 1, self.cfg)})
-                    now = time.perf_counter()
-                    steps_per_s = (s - step_last) / max(now - t_last, 1e-9)
-                    t_last, step_last = now, s
-                    if self.writer is not None:
-                        self.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
-                        self.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
-                        if self.cfg.data.task == "text":
-                            tokens = steps_per_s * t.batch_size * self.task.seq_len
-                            self.writer.add_scalar("perf/tokens_per_s", tokens, s)
-                    summary = {k: f"{v:.4g}" for k, v in train_metrics.items()} | {"it/s": f"{steps_per_s:.1f}"}
-                    if bar is not None:
-                        bar.set_postfix(summary)
-                    elif self.quiet and self.dist.is_main:
-                        self._say(f"step {s}/{t.steps} " + " ".join(f"{k}={v}" for k, v in summary.items()))
-                if s % t.eval_every == 0 or s == t.steps:
-                    self._check_finite()
-                    last_results = self.evaluate()
-                    for split, values in last_results.items():
-                        self._log(s, split, values)
-                    if self.quiet and self.dist.is_main:
-                        self._say(
-                            f"eval step {s}: "
-                            + ", ".join(
-                                f"{sp} {self.task.primary_metric}={v[self.task.primary_metric]:.4f}"
-                                for sp, v in last_results.items()
-                            )
-                        )
-                if s % t.checkpoint_every == 0 or s == t.steps:
-                    self._check_finite()
-                    self.save()
-                if bar is not None:
-                    bar.update(1)
-                if self.stop_at_step is not None and s >= self.stop_at_step and s < t.steps:
-                    self._check_finite()
-                    self.save()
-                    self._say(f"stopped at step {s} (--stop-at-step); resume with --resume")
-                    break
-                if self._stop_signal is not None:
-                    self._check_finite()
-                    self.save()
-                    raise Interrupted(self._stop_signal)
+            last = drive(self, log=log, evaluate=evaluate, say=self._say, after_step=bar.update if bar else None)
         finally:
             if bar is not None:
                 bar.close()
-            for s_, h in old_handlers.items():
-                signal.signal(s_, h)
             if self.writer is not None:
                 self.writer.flush()
-        return last_results
+        return last or {}
 
     def _say(self, text: str) -> None:
         if self.dist.is_main:

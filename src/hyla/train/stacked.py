@@ -15,16 +15,17 @@ another (:func:`stack_groups`). Each run ``r`` of a stack
 
 On CUDA the forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call
 runs all R models, so a GPU step launches the kernels of one run, each R times wider. On CPU
-(``train.stack_forward``, :func:`stack_forward_mode`) each run is a call of the lone model on that run's
-row of the parameters, with the lone run's kernels: one after another (``loop``), or each run's
+(``train.stack_forward``, :func:`stack_forward_mode`) each run is a call of the lone model on that
+run's row of the parameters, with the lone run's kernels: one after another (``loop``), or each run's
 sampling, forward and backward in its own thread with a share of the CPU's cores (``threads``, the
-default on a multi-core CPU; on the 2-core machine as fast as ``loop`` or up to 9% faster, since a lone
-run already keeps both cores busy: ``results/train_throughput.md``). Either way the R runs' parameters are views into one ``R x N`` tensor, so the
-optimizer is ~8 elementwise kernels for all parameters of all runs, with per-run learning rates and
-weight decays as ``R x 1`` tensors read from a schedule table on the device (no host-to-device copy,
-no host synchronization per step). ``train.fast`` compiles the vmapped model as for a lone run
-(:mod:`hyla.train.fast`); ``train.graph_step`` (CUDA) captures the whole stacked step as one CUDA
-graph (:class:`StackedStepGraph`).
+default on a multi-core CPU; on the 2-core machine as fast as ``loop`` or up to 14% faster, since a
+lone run already keeps both cores busy: ``results/train_throughput.md``). Either way the R runs'
+parameters are views into one ``R x N`` tensor, so the optimizer is ~8 elementwise kernels for all
+parameters of all runs, with per-run learning rates and weight decays as ``R x 1`` tensors read from a
+schedule table on the device (no host-to-device copy, no host synchronization per step).
+``train.fast`` compiles the vmapped model as for a lone run (:mod:`hyla.train.fast`);
+``train.graph_step`` (CUDA) captures the whole stacked step as one CUDA graph
+(:class:`StackedStepGraph`).
 A stacked run equals its lone run up to floating-point reordering (tests: losses within 1e-4).
 """
 
@@ -36,10 +37,8 @@ import itertools
 import json
 import math
 import os
-import signal
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -69,6 +68,7 @@ from hyla.train.loop import (
     build_model,
     build_optimizer,
     build_task,
+    drive,
     lr_at,
 )
 
@@ -344,7 +344,6 @@ class StackedTrainer:
         self._nonfinite_R = torch.full((num_runs,), -1, dtype=torch.long, device=self.device)
         self._schedule_chunk = -1
         self._schedule_SxRx3 = torch.empty(0)
-        self._stop_signal: int | None = None
 
         positions = self.task.num_output_positions
         template = self.template
@@ -652,15 +651,10 @@ class StackedTrainer:
         for k, v in values.items():
             run.writer.add_scalar(f"{split}/{k}", v, self.step)
 
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        self._stop_signal = signum
-
     def run(self) -> list[dict[str, dict[str, float]]]:
         """Train to ``train.steps``; returns each run's last evaluation."""
         t = self.cfg.train
         metric = self.task.primary_metric
-        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
         if self.step == 0:
             n_params = self.flat_RxN.shape[1]
             print(
@@ -668,61 +662,39 @@ class StackedTrainer:
                 f"each, {t.steps} steps, device {self.device}",
                 flush=True,
             )
-        t_last, step_last = time.perf_counter(), self.step
+
+        def log(s: int, steps_per_s: float) -> None:
+            flushed = self._flush_train_metrics()
+            for run, values in zip(self.runs, flushed):
+                self._log(run, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
+                run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
+                run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
+            values = " ".join(
+                f"{r.cfg.name}:{metric}={v.get(metric, float('nan')):.4g}" for r, v in zip(self.runs, flushed)
+            )
+            print(f"step {s}/{t.steps} ({steps_per_s:.1f} steps/s x {self.num_runs} runs) {values}", flush=True)
+
+        def evaluate(s: int) -> list[dict[str, dict[str, float]]]:
+            results = self.evaluate()
+            for run, res in zip(self.runs, results):
+                for split, values in res.items():
+                    self._log(run, split, values)
+            print(
+                f"eval step {s}: "
+                + "; ".join(
+                    f"{run.cfg.name} " + ", ".join(f"{sp} {metric}={v[metric]:.4f}" for sp, v in res.items())
+                    for run, res in zip(self.runs, results)
+                ),
+                flush=True,
+            )
+            return results
+
         try:
-            while self.step < t.steps:
-                self.train_step()
-                s = self.step
-                if s % t.log_every == 0 or s == t.steps:
-                    self._check_finite()
-                    now = time.perf_counter()
-                    steps_per_s = (s - step_last) / max(now - t_last, 1e-9)
-                    t_last, step_last = now, s
-                    flushed = self._flush_train_metrics()
-                    for run, values in zip(self.runs, flushed):
-                        self._log(run, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
-                        run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
-                        run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
-                    print(
-                        f"step {s}/{t.steps} ({steps_per_s:.1f} steps/s x {self.num_runs} runs) "
-                        + " ".join(
-                            f"{r.cfg.name}:{metric}={v.get(metric, float('nan')):.4g}"
-                            for r, v in zip(self.runs, flushed)
-                        ),
-                        flush=True,
-                    )
-                if s % t.eval_every == 0 or s == t.steps:
-                    self._check_finite()
-                    results = self.evaluate()
-                    for run, res in zip(self.runs, results):
-                        for split, values in res.items():
-                            self._log(run, split, values)
-                    print(
-                        f"eval step {s}: "
-                        + "; ".join(
-                            f"{run.cfg.name} " + ", ".join(f"{sp} {metric}={v[metric]:.4f}" for sp, v in res.items())
-                            for run, res in zip(self.runs, results)
-                        ),
-                        flush=True,
-                    )
-                if s % t.checkpoint_every == 0 or s == t.steps:
-                    self._check_finite()
-                    self.save()
-                if self.stop_at_step is not None and self.stop_at_step <= s < t.steps:
-                    self._check_finite()
-                    self.save()
-                    print(f"stopped at step {s} (--stop-at-step); resume with --resume", flush=True)
-                    break
-                if self._stop_signal is not None:
-                    self._check_finite()
-                    self.save()
-                    raise Interrupted(self._stop_signal)
+            last = drive(self, log=log, evaluate=evaluate, say=lambda text: print(text, flush=True))
         finally:
-            for s_, h in old_handlers.items():
-                signal.signal(s_, h)
             for run in self.runs:
                 run.writer.flush()
-        return results
+        return last or [{} for _ in self.runs]
 
     def close(self) -> None:
         if self._threads is not None:
