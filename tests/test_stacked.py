@@ -4,8 +4,6 @@ the same runs trained alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from hyla.train.stacked import (
     stack_groups,
     stacked_configs,
 )
-from tiny import tiny_overrides
+from tiny import sigterm_after_step, tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
 
@@ -123,14 +121,7 @@ def test_signal_stops_a_stack_with_checkpoints_and_resume_matches(tmp_path: Path
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     cfgs, outs = stacked_configs_for(tmp_path / "parts", "0,1")
     trainer = StackedTrainer(cfgs, outs, quiet=True)
-    real_step = trainer.train_step
-
-    def step_then_sigterm() -> None:
-        real_step()
-        if trainer.step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    trainer.train_step = step_then_sigterm  # type: ignore[method-assign]
+    sigterm_after_step(trainer, 3)
     with pytest.raises(Interrupted, match="SIGTERM"):
         trainer.run()
     trainer.close()

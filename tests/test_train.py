@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from hyla.cli import main
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer, lr_at
-from tiny import tiny_overrides
+from tiny import sigterm_after_step, tiny_overrides
 
 
 def tiny(task: str, steps: int = 8, **extra: object) -> list[str]:
@@ -107,14 +106,7 @@ def test_signal_saves_a_checkpoint_then_resume_matches(tmp_path: Path) -> None:
     assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
     cfg = load_config(*_split(args))
     trainer = Trainer(cfg, tmp_path / "b", quiet=True)
-    real_step = trainer.train_step
-
-    def step_then_sigterm() -> None:
-        real_step()
-        if trainer.step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    trainer.train_step = step_then_sigterm  # type: ignore[method-assign]
+    sigterm_after_step(trainer, 3)
     with pytest.raises(Interrupted):
         trainer.run()
     trainer.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
 
 def tiny_overrides(
     *,
@@ -29,3 +33,15 @@ def tiny_overrides(
         "train.batch_size=16",
     ]
     return overrides + ([f"train.warmup_steps={warmup_steps}"] if warmup_steps is not None else [])
+
+
+def sigterm_after_step(trainer: Any, step: int) -> None:
+    """Make ``trainer`` (lone or stacked) receive SIGTERM right after it finishes step ``step``."""
+    real_step = trainer.train_step
+
+    def step_then_sigterm() -> None:
+        real_step()
+        if trainer.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.train_step = step_then_sigterm
