@@ -61,7 +61,7 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-class Schedule(Protocol):
+class DrivenTrainer(Protocol):
     """What :func:`drive` needs of a trainer (the lone :class:`Trainer` and the stacked one)."""
 
     cfg: ExperimentConfig
@@ -74,7 +74,7 @@ class Schedule(Protocol):
 
 
 def drive(
-    trainer: Schedule,
+    trainer: DrivenTrainer,
     *,
     log: Callable[[int, float], None],
     evaluate: Callable[[int], T],
