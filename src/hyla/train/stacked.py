@@ -659,7 +659,8 @@ class StackedTrainer:
             n_params = self.flat_RxN.shape[1]
             print(
                 f"{self.num_runs} stacked runs ({', '.join(r.cfg.name for r in self.runs)}): {n_params:,} parameters "
-                f"each, {t.steps} steps, device {self.device}",
+                f"each, {t.steps} steps, device {self.device}, train.stack_forward={self.forward_mode}"
+                + (", whole step as one CUDA graph" if self._graph is not None else ""),
                 flush=True,
             )
 
