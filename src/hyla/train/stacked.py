@@ -454,12 +454,11 @@ class StackedTrainer:
         rows = []
         for s in range(chunk * SCHEDULE_CHUNK, (chunk + 1) * SCHEDULE_CHUNK):
             bias_correction1, bias_correction2_sqrt = 1 - BETA1 ** (s + 1), (1 - BETA2 ** (s + 1)) ** 0.5
-            rows.append(
-                [
-                    [1 - lr * r.cfg.train.weight_decay, -(lr / bias_correction1), bias_correction2_sqrt]
-                    for lr, r in ((lr_at(s, r.cfg), r) for r in self.runs)
-                ]
-            )
+            row = []
+            for run in self.runs:
+                lr = lr_at(s, run.cfg)
+                row.append([1 - lr * run.cfg.train.weight_decay, -(lr / bias_correction1), bias_correction2_sqrt])
+            rows.append(row)
         table = torch.tensor(rows, dtype=torch.float32)
         if self.device.type == "cuda":
             table = table.pin_memory()
