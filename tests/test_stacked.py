@@ -337,7 +337,7 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
     for _ in range(2):  # the warm-up, then undone
         body._load_schedule(int(graph.step_count))
         graph._body()
-    graph._restore(snap, 0)
+    graph._restore(snap)
     graph.step_count.fill_(0)
     assert torch.equal(body.flat_RxN, plain.flat_RxN) and torch.equal(body.exp_avg_sq_RxN, plain.exp_avg_sq_RxN)
     for step in range(7):

@@ -88,7 +88,7 @@ class StepGraph:
     def _snapshot(self) -> Any:
         raise NotImplementedError
 
-    def _restore(self, snap: Any, step: int) -> None:
+    def _restore(self, snap: Any) -> None:
         raise NotImplementedError
 
     def _before_capture(self) -> None:
@@ -115,7 +115,7 @@ class StepGraph:
                 self._clear_grads()
                 self._body()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self._restore(snap, step)
+        self._restore(snap)
         self.step_count.fill_(step)
         graph = torch.cuda.CUDAGraph()
         for gen in self._generators():
@@ -192,7 +192,7 @@ class WholeStepGraph(StepGraph):
         }
 
     @torch.no_grad()
-    def _restore(self, snap: dict[str, Any], step: int) -> None:
+    def _restore(self, snap: dict[str, Any]) -> None:
         tr = self.trainer
         for p, saved in zip(tr.model.parameters(), snap["params"]):
             p.copy_(saved)

@@ -259,7 +259,7 @@ class StackedStepGraph(StepGraph):
         return snap
 
     @torch.no_grad()
-    def _restore(self, snap: dict[str, Any], step: int) -> None:
+    def _restore(self, snap: dict[str, Any]) -> None:
         for t, saved in zip(self._state(), snap["tensors"]):
             t.copy_(saved)
         for run, state in zip(self.trainer.runs, snap["gens"]):
@@ -669,10 +669,10 @@ class StackedTrainer:
                 self._log(run, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
                 run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
                 run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)
-            values = " ".join(
+            per_run = " ".join(
                 f"{r.cfg.name}:{metric}={v.get(metric, float('nan')):.4g}" for r, v in zip(self.runs, flushed)
             )
-            print(f"step {s}/{t.steps} ({steps_per_s:.1f} steps/s x {self.num_runs} runs) {values}", flush=True)
+            print(f"step {s}/{t.steps} ({steps_per_s:.1f} steps/s x {self.num_runs} runs) {per_run}", flush=True)
 
         def evaluate(s: int) -> list[dict[str, dict[str, float]]]:
             results = self.evaluate()
