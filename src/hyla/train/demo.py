@@ -69,8 +69,9 @@ def write_report(out: Path, variants: list[str], wall: dict[str, float]) -> str:
         for s in splits:
             final = run.final(s)
             cells.append(f"{100 * final['r2']:.1f}" if final else "-")
-        loss = run.final("train")
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {loss['loss']:.4f} | {wall.get(v, 0):.0f} |")
+        train = run.final("train")
+        loss = f"{train['loss']:.4f}" if train else "-"
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {loss} | {wall.get(v, 0):.0f} |")
     table = "\n".join(lines)
     learning_curves(runs, "r2", ["train", "test", "ood"], out / "learning_curves_r2.png", "fuzzy logic: R^2")
     learning_curves(runs, "loss", ["train_batch"], out / "training_loss.png", "training loss (batch mean)")
