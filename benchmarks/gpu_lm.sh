@@ -6,8 +6,14 @@ set -euo pipefail
 out=${OUT:-runs/lm_gpu}
 export PYTHONPATH=${PYTHONPATH:-src}
 steps=${STEPS:-6000}  # EXTRA: more KEY=VALUE overrides (e.g. train.eval_every=500)
+# CORPUS: data.corpus. The standard library (default) gives 8.5M training tokens (lm_small's tokenizer;
+# Python 3.11, 24 s to read and tokenize on 2 cores), seen many times in a 20-minute run. A site-packages
+# folder is larger: the CPU machine's (207 MB) gives 59M, in 136 s on 2 cores, once per run. On the GPU machine:
+#   CORPUS=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') STEPS=... bash benchmarks/gpu_lm.sh
+corpus=${CORPUS:-stdlib}
 for v in softmax linear hyla; do
-  ${PYTHON:-python3} -m hyla train lm_small model.attention=$v name=lm_small_$v train.steps=$steps ${EXTRA:-} \
+  ${PYTHON:-python3} -m hyla train lm_small model.attention=$v name=lm_small_$v train.steps=$steps \
+    "data.corpus=$corpus" ${EXTRA:-} \
     --device cuda --out "$out/$v" --quiet
 done
 ${PYTHON:-python3} - "$out" <<'PY'

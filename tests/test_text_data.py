@@ -68,6 +68,17 @@ def test_datasets_code_path_on_local_text_files(tmp_path: Path) -> None:
         list(iter_documents("hf:text", 5, data_files=files, text_field="content"))
 
 
+def test_folder_corpus_leaves_out_installed_packages_below_it_but_reads_a_site_packages_folder(
+    tmp_path: Path,
+) -> None:
+    packages = tmp_path / "lib" / "site-packages"
+    for folder, name in ((tmp_path / "lib", "own.py"), (packages / "pkg", "mod.py"), (packages, "top.txt")):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"MARKER {name}\n")
+    assert list(iter_documents(str(tmp_path / "lib"), 10)) == ["MARKER own.py\n"]
+    assert list(iter_documents(str(packages), 10)) == ["MARKER mod.py\n", "MARKER top.txt\n"]
+
+
 def test_stdlib_corpus_is_available_offline() -> None:
     docs = list(iter_documents("stdlib", 5))
     assert len(docs) == 5 and all(len(d) > 0 for d in docs)

@@ -4,7 +4,9 @@ Corpora (``data.corpus``):
 
 * ``stdlib`` (default, offline): the ``.py`` files of the running Python's standard library, sorted by
   path (every machine has it);
-* a path to a text file or a folder (every ``*.txt``, ``*.md``, ``*.py`` below it, sorted);
+* a path to a text file or a folder (every ``*.txt``, ``*.md``, ``*.py``, ``*.rst`` below it, sorted,
+  leaving out ``site-packages`` folders below it; a ``site-packages`` folder itself, e.g. a GPU
+  machine's with torch, triton and jax, is a code corpus several times the standard library's);
 * ``hf:<name>``: a Hugging Face dataset through ``datasets.load_dataset(name, data.dataset_config,
   split=data.dataset_split, streaming=True, data_files=data.data_files)``, reading ``data.text_field``
   (e.g. ``hf:allenai/c4`` with config ``en``, or ``hf:wikitext`` with ``wikitext-103-raw-v1``; ``hf:text``
@@ -75,11 +77,15 @@ def iter_documents(
     root = Path(sysconfig.get_paths()["stdlib"]) if corpus == "stdlib" else Path(corpus)
     if not root.exists():
         raise ValueError(f"data.corpus={corpus!r}: no such file or folder (or use 'stdlib' or 'hf:<dataset>')")
+    # below the corpus folder, installed packages are not part of it (the stdlib folder holds site-packages);
+    # a corpus folder that is itself a site-packages (a larger offline code corpus) is read whole
     files = (
         [root]
         if root.is_file()
         else sorted(
-            p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file() and "site-packages" not in p.parts
+            p
+            for p in root.rglob("*")
+            if p.suffix in TEXT_SUFFIXES and p.is_file() and "site-packages" not in p.relative_to(root).parts
         )
     )
     for path in files:
