@@ -6,9 +6,10 @@ set -euo pipefail
 out=${OUT:-runs/lm_gpu}
 export PYTHONPATH=${PYTHONPATH:-src}
 steps=${STEPS:-6000}  # EXTRA: more KEY=VALUE overrides (e.g. train.eval_every=500)
-# CORPUS: data.corpus. The standard library (default) gives 8.5M training tokens (lm_small's tokenizer;
-# Python 3.11, 24 s to read and tokenize on 2 cores), seen many times in a 20-minute run. A site-packages
-# folder is larger: the CPU machine's (207 MB) gives 59M, in 136 s on 2 cores, once per run. On the GPU machine:
+# CORPUS: data.corpus. The standard library (default) gives 8.5M training tokens (lm_small's tokenizer,
+# Python 3.11, read and tokenized in 21 s on the 2-core CPU machine), seen many times in a 20-minute run. A
+# site-packages folder is larger: the CPU machine's .venv one gives 59M (139 s, once per run). A run's first
+# line says it: `hyla train lm_small train.steps=1 data.corpus=FOLDER --out DIR`. On the GPU machine:
 #   CORPUS=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') STEPS=... bash benchmarks/gpu_lm.sh
 corpus=${CORPUS:-stdlib}
 for v in softmax linear hyla; do

@@ -64,6 +64,11 @@ def test_datasets_code_path_on_local_text_files(tmp_path: Path) -> None:
     assert len(docs) == 10 and all(d.startswith("MARKER") for d in docs)
     task = TextTask(data_config("hf:text", data_files=files, max_documents=30))
     assert len(task.documents["train"]) + len(task.documents["val"]) == 30
+    n_train, n_val = len(task.documents["train"]), len(task.documents["val"])
+    assert task.describe().startswith(
+        f"corpus hf:text: {n_train} train / {n_val} val documents, "
+        f"{len(task.tokens['train']):,} / {len(task.tokens['val']):,} tokens, vocabulary {task.vocab_size}"
+    )
     with pytest.raises(ValueError, match=r"data\.text_field='content' is not a column"):
         list(iter_documents("hf:text", 5, data_files=files, text_field="content"))
 

@@ -44,6 +44,10 @@ class Task(ABC):
     def splits(self) -> tuple[str, ...]:
         return ("train", *self.eval_splits)
 
+    def describe(self) -> str:
+        """One line on the data, for a run's start message ("" when the config says it all)."""
+        return ""
+
     @abstractmethod
     def sample(self, batch_size: int, split: str, generator: torch.Generator) -> Batch:
         """``batch_size`` fresh problems of ``split`` drawn with ``generator`` (on its device)."""

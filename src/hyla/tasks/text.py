@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,8 @@ class TextTask(Task):
             raise ValueError(f"data.val_fraction must be in (0, 1), got {data.val_fraction}")
         if data.vocab_size < 300:
             raise ValueError(f"data.vocab_size must be >= 300 (256 byte symbols + merges), got {data.vocab_size}")
+        started = time.perf_counter()
+        self.corpus = data.corpus
         docs = list(
             iter_documents(
                 data.corpus,
@@ -167,6 +170,15 @@ class TextTask(Task):
                     "raise data.max_documents or lower data.seq_len"
                 )
         self._device_tokens: dict[tuple[str, torch.device], Tensor] = {}
+        self.build_seconds = time.perf_counter() - started
+
+    def describe(self) -> str:
+        docs, toks = self.documents, self.tokens
+        return (
+            f"corpus {self.corpus}: {len(docs['train']):,} train / {len(docs['val']):,} val documents, "
+            f"{len(toks['train']):,} / {len(toks['val']):,} tokens, vocabulary {self.vocab_size:,} "
+            f"(read and tokenized in {self.build_seconds:.0f} s)"
+        )
 
     def _pack(self, documents: list[str]) -> Tensor:
         ids: list[int] = []

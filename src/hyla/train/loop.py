@@ -520,6 +520,8 @@ class Trainer:
             self._say(
                 f"{self.cfg.name}: {num_parameters(self.model):,} parameters, {t.steps} steps, device {self.device}"
             )
+            if self.task.describe():
+                self._say(self.task.describe())
 
         def log(s: int, steps_per_s: float) -> None:
             train_metrics = self._flush_train_metrics()
