@@ -18,7 +18,7 @@ runs all R models, so a GPU step launches the kernels of one run, each R times w
 (``train.stack_forward``, :func:`stack_forward_mode`) each run is a call of the lone model on that
 run's row of the parameters, with the lone run's kernels: one after another (``loop``), or each run's
 sampling, forward and backward in its own thread with a share of the CPU's cores (``threads``, the
-default on a multi-core CPU; on the 2-core machine as fast as ``loop`` or up to 14% faster, since a
+default on a multi-core CPU; on the 2-core machine from 1% slower than ``loop`` to 14% faster, since a
 lone run already keeps both cores busy: ``results/train_throughput.md``). Either way the R runs'
 parameters are views into one ``R x N`` tensor, so the optimizer is ~8 elementwise kernels for all
 parameters of all runs, with per-run learning rates and weight decays as ``R x 1`` tensors read from a
@@ -117,7 +117,6 @@ class RunThreads:
     def __init__(self, count: int, threads_each: int) -> None:
         if count < 1 or threads_each < 1:
             raise ValueError(f"count and threads_each must be >= 1, got {count} and {threads_each}")
-        self.count, self.threads_each = count, threads_each
         caller_threads = torch.get_num_threads()
         ready = threading.Barrier(count + 1, timeout=60)  # a worker that fails to start breaks it
 
@@ -361,7 +360,7 @@ class StackedTrainer:
             )
         self._threads: RunThreads | None = None
         self._run_models: list[nn.Module] = []
-        self._run_leaves: list[dict[str, Tensor]] = []
+        self._run_params_buffers: list[tuple[dict[str, Tensor], dict[str, Tensor]]] = []
         graph_step = self.cfg.train.graph_step
         if graph_step:
             reason = graph_step_unsupported_reason(self.device, 1)
@@ -382,11 +381,14 @@ class StackedTrainer:
             # functional_call swaps a module's parameters for the call, so each thread has its own module;
             # each run's leaves are its row of flat_RxN, so the optimizer's in-place update moves them
             self._run_models = [copy.deepcopy(self.template) for _ in range(num_runs)]
-            self._run_leaves = [
-                {
-                    s.name: self.flat_RxN[r, s.offset : s.offset + s.numel].view(s.shape).detach().requires_grad_()
-                    for s in self.slots
-                }
+            self._run_params_buffers = [
+                (
+                    {
+                        s.name: self.flat_RxN[r, s.offset : s.offset + s.numel].view(s.shape).detach().requires_grad_()
+                        for s in self.slots
+                    },
+                    {n: b[r] for n, b in self.buffers.items()},  # views: a resume writes into the stacked buffers
+                )
                 for r in range(num_runs)
             ]
             cores = torch.get_num_threads()
@@ -519,27 +521,28 @@ class StackedTrainer:
             grad_RxN = g_RxN if grad_RxN is None else grad_RxN.add_(g_RxN)
             with torch.no_grad():
                 m = self.task.metrics(out.detach(), batch)
-                per_run = {k: m[k].double().view(r_count, -1).mean(1) for k in ("loss", self.task.primary_metric)}
-                bad_R = ~torch.isfinite(per_run["loss"])
-                flag_R = torch.where(bad_R & (self._nonfinite_R < 0), step + 1, self._nonfinite_R)
-                if in_place:
-                    self._nonfinite_R.copy_(flag_R)
-                else:
-                    self._nonfinite_R = flag_R
-                for k, v_R in per_run.items():
-                    if in_place:
-                        self._acc_R[k].add_(v_R / accum)
-                    else:
-                        self._acc_add(k, v_R / accum)
+                keys = ("loss", self.task.primary_metric)
+                self._record({k: m[k].double().view(r_count, -1).mean(1) / accum for k in keys}, step, in_place)
         assert grad_RxN is not None
         self._adamw_step(grad_RxN, self._schedule_row(step))
 
+    @torch.no_grad()
+    def _record(self, means_R: dict[str, Tensor], step: int | Tensor, in_place: bool) -> None:
+        """Add a (micro-)step's per-run mean loss and metric to the sums since the last log and flag runs
+        whose loss is not finite with ``step + 1``; ``in_place`` (a captured step) writes into the buffers."""
+        flag_R = torch.where(~torch.isfinite(means_R["loss"]) & (self._nonfinite_R < 0), step + 1, self._nonfinite_R)
+        if in_place:
+            self._nonfinite_R.copy_(flag_R)
+            for k, v_R in means_R.items():
+                self._acc_R[k].add_(v_R)
+        else:
+            self._nonfinite_R = flag_R
+            for k, v_R in means_R.items():
+                self._acc_R[k] = self._acc_R[k] + v_R if k in self._acc_R else v_R
+
     def _run_forward(self, r: int, x: Tensor) -> Tensor:
         return functional_call(
-            self._run_models[r],
-            (self._run_leaves[r], {n: b[r] for n, b in self.buffers.items()}),
-            (x,),
-            {"last_positions": self.task.num_output_positions},
+            self._run_models[r], self._run_params_buffers[r], (x,), {"last_positions": self.task.num_output_positions}
         )
 
     def _run_step(self, r: int, grad_RxN: Tensor) -> dict[str, Tensor]:
@@ -547,7 +550,7 @@ class StackedTrainer:
         returns its mean loss and primary metric over the step's problems."""
         t = self.cfg.train
         accum = t.grad_accum_steps
-        leaves = list(self._run_leaves[r].values())
+        leaves = list(self._run_params_buffers[r][0].values())
         sums: dict[str, Tensor] = {}
         for micro in range(accum):
             batch = self.task.sample(t.batch_size // accum, "train", self.runs[r].gen)
@@ -570,11 +573,7 @@ class StackedTrainer:
         assert self._threads is not None
         grad_RxN = torch.empty_like(self.flat_RxN)
         per_run = self._threads.map(lambda r: self._run_step(r, grad_RxN), list(range(self.num_runs)))
-        with torch.no_grad():
-            for k in per_run[0]:
-                self._acc_add(k, torch.stack([p[k] for p in per_run]))
-            bad_R = ~torch.isfinite(torch.stack([p["loss"] for p in per_run]))
-            self._nonfinite_R = torch.where(bad_R & (self._nonfinite_R < 0), self.step + 1, self._nonfinite_R)
+        self._record({k: torch.stack([p[k] for p in per_run]) for k in per_run[0]}, self.step, in_place=False)
         self._adamw_step(grad_RxN, self._schedule_row(self.step))
 
     def _threaded_eval_forward(self, p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -585,9 +584,6 @@ class StackedTrainer:
                 return self._run_forward(r, x)
 
         return torch.stack(self._threads.map(forward, list(range(self.num_runs))))
-
-    def _acc_add(self, key: str, value_R: Tensor) -> None:
-        self._acc_R[key] = self._acc_R[key] + value_R if key in self._acc_R else value_R
 
     def _flush_train_metrics(self) -> list[dict[str, float]]:
         """Mean train metrics per run since the last log (one host read for all runs)."""
