@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from hyla.analysis.report import mean_se
 from hyla.attention import KVCache
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
@@ -102,7 +104,9 @@ def test_lm_trains_resumes_exactly_and_generates(tmp_path: Path, capsys) -> None
     args = ["lm_tiny", f"data.corpus={write_corpus(tmp_path / 'c')}", *LM_TINY]
     assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert {r["split"] for r in rows} == {"train_batch", "train", "val"} and all("ppl" in r for r in rows)
+    assert {r["split"] for r in rows} == {"train_batch", "train", "val"}
+    # a split's perplexity is exp of its mean loss per token, not the mean of per-sequence perplexities
+    assert all(r["ppl"] == pytest.approx(math.exp(r["loss"]), rel=1e-12) for r in rows)
     assert (tmp_path / "a" / "tokenizer.json").is_file()
     assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--stop-at-step", "4"]) == 0
     assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--resume"]) == 0
@@ -110,6 +114,18 @@ def test_lm_trains_resumes_exactly_and_generates(tmp_path: Path, capsys) -> None
     capsys.readouterr()
     assert main(["generate", str(tmp_path / "a"), "--prompt", "def f1", "--max-new-tokens", "8"]) == 0
     assert capsys.readouterr().out.startswith("def f1")
+
+
+def test_lm_seeds_train_one_by_one_and_report_reads_them(tmp_path: Path, capsys) -> None:
+    args = ["lm_tiny", f"data.corpus={write_corpus(tmp_path / 'c')}", *LM_TINY, "--seeds", "0,1", "--quiet"]
+    assert main(["train", *args, "--out", str(tmp_path / "lm")]) == 0
+    assert "language-model runs are trained one by one" in capsys.readouterr().out
+    finals = [json.loads((tmp_path / "lm" / f"seed{s}" / "metrics.jsonl").read_text().splitlines()[-1]) for s in (0, 1)]
+    assert finals[0]["split"] == "val" and finals[0]["loss"] != finals[1]["loss"]
+    runs = [str(tmp_path / "lm" / f"seed{s}") for s in (0, 1)]
+    assert main(["report", *runs, "--out", str(tmp_path / "report")]) == 0
+    m, se = mean_se([math.exp(f["loss"]) for f in finals])
+    assert f"| hyla | 2 | {6 * 8 * 32 / 1e6:.2f}M | {m:.2f} +- {se:.2f} |" in capsys.readouterr().out
 
 
 def test_gradient_accumulation_gives_the_same_updates(tmp_path: Path) -> None:

@@ -138,3 +138,29 @@ def test_paper_reference_only_for_table_a1_settings() -> None:
     assert paper_reference(load_config("sraven_depth8").to_dict()) is None
     assert paper_reference(load_config("fuzzy_logic", ["data.holdout=0.5"]).to_dict()) is None
     assert paper_reference(load_config("sraven_single_head").to_dict()) is None
+
+
+def fake_lm_run(root: Path, attention: str, seed: int, val_ppl: list[float]) -> Path:
+    """A language-model run directory (config.yaml + metrics.jsonl) with the given validation curve."""
+    cfg = load_config("lm_tiny", [f"seed={seed}", f"model.attention={attention}", "train.steps=30"])
+    path = root / attention / f"seed{seed}"
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    rows = [
+        {"step": 10 * (i + 1), "split": split, "loss": math.log(p * (1 if split == "val" else 0.5)), "ppl": -1.0}
+        for i, p in enumerate(val_ppl)
+        for split in ("train", "val")
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_language_model_runs_get_a_perplexity_table(tmp_path: Path) -> None:
+    runs = [fake_lm_run(tmp_path, "hyla", s, [50.0, 30.0 + s, 40.0]) for s in (0, 1)]
+    runs.append(fake_lm_run(tmp_path, "softmax", 0, [40.0, 20.0, 18.0]))
+    table = build_report(runs, tmp_path / "out", latents=512)  # no latent section for text: no error
+    tokens = f"{30 * 16 * 128 / 1e6:.2f}M"  # 30 steps x batch 16 x 128 tokens
+    assert f"| hyla | 2 | {tokens} | 40.00 +- 0.00 | 30.50 +- 0.50 | 20.00 +- 0.00 |" in table
+    assert f"| softmax | 1 | {tokens} | 18.00 +- 0.00 | 18.00 +- 0.00 | 9.00 +- 0.00 |" in table
+    assert (tmp_path / "out" / "learning_curves.png").is_file()
+    assert "exp(mean loss per token)" in (tmp_path / "out" / "report.md").read_text()

@@ -12,16 +12,20 @@ import matplotlib.pyplot as plt
 from hyla.analysis.runs import Run
 
 
-def learning_curves(runs: list[Run], metric: str, splits: list[str], out: Path, title: str = "") -> Path:
+def learning_curves(
+    runs: list[Run], metric: str, splits: list[str], out: Path, title: str = "", log_y: bool = False
+) -> Path:
     """One panel per split, one line per run: ``metric`` against training step."""
     fig, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False, sharey=True)
     for ax, split in zip(axes[0], splits):
         for run in runs:
             steps, values = run.curve(split, metric)
             if steps:
-                ax.plot(steps, values, marker="o", markersize=2.5, label=run.name)
+                ax.plot(steps, values, marker="o", markersize=2.5, label=run.label)
         ax.set_title(split)
         ax.set_xlabel("step")
+        if log_y:
+            ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric)
     axes[0][-1].legend(fontsize=8)

@@ -193,9 +193,13 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     if len(tasks) > 1:
         raise ValueError(f"the runs mix tasks ({', '.join(tasks)}): report one task at a time")
     out.mkdir(parents=True, exist_ok=True)
+    if tasks == ["text"]:
+        runs = [_perplexity_from_loss(r) for r in runs]
     groups = group_runs(runs)
     flat_keys = [flatten(json.loads(k)) for k in groups]
     varying = sorted({k for f in flat_keys for k in f if len({json.dumps(g.get(k)) for g in flat_keys}) > 1})
+    if tasks == ["text"]:
+        return _text_report(runs, groups, varying, out)
     splits = [s for s in ("train", "test", "ood", "unseen_terms") if any(r.final(s) for r in runs)]
     metric = runs[0].primary_metric
     unit = "accuracy" if metric == "acc" else "R^2"
@@ -255,6 +259,54 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         (out / "latents.json").write_text(json.dumps(results, indent=2, default=str))
     sections.append("Run directories:\n\n" + "\n".join(f"- `{r.path}`" for r in runs) + "\n")
     (out / "report.md").write_text("\n".join(sections))
+    return table
+
+
+def _mean_se_cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    m, se = mean_se(values)
+    return f"{m:.2f} +- {se:.2f}"
+
+
+def _perplexity_from_loss(run: Run) -> Run:
+    """``run`` with ``ppl = exp(loss)`` in every row that has a loss: runs logged before 2026-11-23 give
+    ``ppl`` as the mean of per-sequence perplexities, which is larger than the split's perplexity."""
+    rows = [{**m, "ppl": math.exp(m["loss"])} if "loss" in m else m for m in run.metrics]
+    return Run(run.path, run.config, rows)
+
+
+def _tokens(run: Run, step: int) -> int:
+    """Training tokens after ``step`` updates (the batch is global: every process's share together)."""
+    return step * run.config["train"]["batch_size"] * run.config["data"]["seq_len"]
+
+
+def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[str], out: Path) -> str:
+    """Language-model runs: perplexity (exp of the mean loss per token) table and validation curves."""
+    columns = ("final val ppl", "best val ppl", "final train ppl")
+    rows = []
+    for members in groups.values():
+        finals = [(r, r.final("val"), r.final("train")) for r in members]
+        val = [v["ppl"] for _r, v, _t in finals if v]
+        best = [min(r.curve("val", "ppl")[1]) for r, v, _t in finals if v]
+        train = [t["ppl"] for _r, _v, t in finals if t]
+        cells = [_mean_se_cell(values) for values in (val, best, train)]
+        steps = sorted({v["step"] for _r, v, _t in finals if v})
+        tokens = ", ".join(f"{_tokens(members[0], s) / 1e6:.2f}M" for s in steps) or "-"
+        rows.append(f"| {_label(members[0].config, varying)} | {len(members)} | {tokens} | " + " | ".join(cells) + " |")
+    header = f"| configuration | seeds | training tokens | {' | '.join(columns)} |"
+    table = "\n".join([header, "|" + "---|" * (len(columns) + 3), *rows])
+    curves = out / "learning_curves.png"
+    learning_curves(runs, "ppl", ["val", "train"], curves, "perplexity during training", log_y=True)
+    (out / "report.md").write_text(
+        f"# hyla report\n\nRuns: {len(runs)} language-model runs in {len(groups)} configuration(s); "
+        "perplexity = exp(mean loss per token) of each run's evaluation windows, mean +- s.e. over seeds "
+        "(s.e. = sample std / sqrt(n); 0 for one seed); best = lowest validation perplexity of any "
+        f"evaluation. The paper reports its language-model results as curves only (Fig. 6).\n\n{table}\n\n"
+        "![learning_curves.png](learning_curves.png)\n\nRun directories:\n\n"
+        + "\n".join(f"- `{r.path}`" for r in runs)
+        + "\n"
+    )
     return table
 
 

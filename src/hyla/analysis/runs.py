@@ -20,6 +20,11 @@ class Run:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def label(self) -> str:
+        """The config's run name (``--seeds`` runs differ in it, not in their ``seedN`` folders)."""
+        return str(self.config.get("name") or self.path.name)
+
     def curve(self, split: str, metric: str) -> tuple[list[int], list[float]]:
         rows = [m for m in self.metrics if m["split"] == split and metric in m]
         return [m["step"] for m in rows], [m[metric] for m in rows]
@@ -30,7 +35,7 @@ class Run:
 
     @property
     def primary_metric(self) -> str:
-        return "acc" if self.config["data"]["task"] == "sraven" else "r2"
+        return {"sraven": "acc", "text": "ppl"}.get(self.config["data"]["task"], "r2")
 
 
 def load_run(path: str | Path) -> Run:

@@ -5,6 +5,12 @@ embeddings, RoPE, RMSNorm, SwiGLU and causal attention (any preset). Presets (mo
 and training sides live in ``configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``lm-small``, and
 ``lm-paper`` (the paper's C4 model: 6 layers, emb 512, 8 heads, mlp 2048; we read the paper's
 "qk/v 64" as 64 per head, i.e. 512 in total, the usual choice for emb 512 and 8 heads).
+
+That reading is uncertain. The paper gives qk/v as totals for its task models, and the authors' public
+WikiText config (16 heads, qk = v = 128 in total) uses heads of 8; read as a total, "qk/v 64" is
+``model.qk_dim=64 model.v_dim=64`` (heads of 8). Parameters with a 32k vocabulary: 41.6M here, 36.1M
+with heads of 8 (52.5M and 58.0M untied); the paper says ~50M. ``results/lm_cpu.md`` compares the two
+head sizes at ``lm_tiny`` scale.
 """
 
 from __future__ import annotations

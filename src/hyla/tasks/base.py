@@ -34,7 +34,7 @@ class Task(ABC):
     seq_len: int
     #: evaluation splits besides ``train`` (e.g. ``("test", "ood")``)
     eval_splits: tuple[str, ...]
-    #: the metric that summarizes a split (``"acc"`` or ``"r2"``); higher is better
+    #: the metric that summarizes a split: ``"acc"`` or ``"r2"`` (higher is better), ``"ppl"`` (lower)
     primary_metric: str
     #: ``loss``/``metrics`` read only the last P positions of the outputs (None: all); the trainer
     #: then asks the model for those positions only, which skips most of the last layer's work
@@ -59,6 +59,10 @@ class Task(ABC):
     @abstractmethod
     def metrics(self, outputs_BxTxO: Tensor, batch: Batch) -> dict[str, Tensor]:
         """Per-problem metrics, each a ``(B,)`` tensor, including ``"loss"`` and ``primary_metric``."""
+
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        """A split's (or a log interval's) metrics from the means of :meth:`metrics` over its problems."""
+        return means
 
     def check_split(self, split: str) -> None:
         if split not in self.splits:

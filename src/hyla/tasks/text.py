@@ -208,11 +208,16 @@ class TextTask(Task):
         windows = tokens[starts + torch.arange(self.seq_len + 1, device=generator.device)]
         return Batch(windows[:, :-1], windows[:, 1:], {"start": starts[:, 0]})
 
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        """Perplexity of the whole split: exp(mean loss per token); every sequence has ``seq_len`` tokens,
+        so the mean of the sequences' mean losses is the mean over tokens."""
+        return {**means, "ppl": math.exp(means["loss"])} if "loss" in means else means
+
     def loss(self, outputs_BxTxO: Tensor, batch: Batch) -> Tensor:
         return F.cross_entropy(outputs_BxTxO.reshape(-1, outputs_BxTxO.shape[-1]), batch.targets.reshape(-1))
 
     def metrics(self, outputs_BxTxO: Tensor, batch: Batch) -> dict[str, Tensor]:
-        """Per sequence: ``loss`` (mean token cross-entropy, nats) and ``ppl`` = exp(loss). The perplexity
-        of a whole split is exp(mean loss), not the mean of ``ppl``; reports use the former."""
+        """Per sequence: ``loss`` (mean token cross-entropy, nats) and ``ppl`` = exp(loss); a split's
+        perplexity is exp of its mean loss (:meth:`summarize`), not the mean of the sequences' ``ppl``."""
         ce = F.cross_entropy(outputs_BxTxO.transpose(1, 2), batch.targets, reduction="none").mean(1)
         return {"loss": ce, "ppl": ce.exp(), "bits_per_token": ce / math.log(2)}

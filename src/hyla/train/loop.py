@@ -429,7 +429,7 @@ class Trainer:
             )
             if self.dist.world > 1:
                 dist.all_reduce(vec)
-            results[split] = {k: (vec[j] / vec[-1]).item() for j, k in enumerate(keys)}
+            results[split] = self.task.summarize({k: (vec[j] / vec[-1]).item() for j, k in enumerate(keys)})
         self.model.train()
         return results
 
@@ -507,7 +507,7 @@ class Trainer:
             self._acc = {}
         if vec[-1] == 0:
             return {}
-        return {k: vec[j] / vec[-1] for j, k in enumerate(keys)}
+        return self.task.summarize({k: vec[j] / vec[-1] for j, k in enumerate(keys)})
 
     def run(self) -> dict[str, dict[str, float]]:
         t = self.cfg.train

@@ -597,7 +597,7 @@ class StackedTrainer:
         else:
             self._acc_R = {}
         self._n = 0
-        return [dict(zip(keys, row)) for row in values]
+        return [self.task.summarize(dict(zip(keys, row))) for row in values]
 
     def _check_finite(self) -> None:
         bad = [(run, s) for run, s in zip(self.runs, self._nonfinite_R.tolist()) if s >= 0]
@@ -635,7 +635,7 @@ class StackedTrainer:
             keys = sorted(sums)
             table = (torch.stack([sums[k] for k in keys], dim=1) / float(count)).tolist()
             for r, row in enumerate(table):
-                results[r][split] = dict(zip(keys, row))
+                results[r][split] = self.task.summarize(dict(zip(keys, row)))
         for model in models:
             model.train()
         return results
@@ -871,11 +871,9 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 2
     if len(groups) > 1:
-        print(
-            f"{len(cfgs)} runs in {len(groups)} groups trained one after another (they differ in more than "
-            f"{', '.join(STACKABLE_KEYS)})",
-            flush=True,
-        )
+        reasons = sorted({reason for cfg in cfgs if (reason := not_stackable_reason(cfg))})
+        why = "; ".join(reasons) or f"they differ in more than {', '.join(STACKABLE_KEYS)}"
+        print(f"{len(cfgs)} runs in {len(groups)} groups trained one after another ({why})", flush=True)
     for group in groups:
         g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
         trainer: StackedTrainer | Trainer | None = None
