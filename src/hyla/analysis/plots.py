@@ -13,15 +13,27 @@ from hyla.analysis.runs import Run
 
 
 def learning_curves(
-    runs: list[Run], metric: str, splits: list[str], out: Path, title: str = "", log_y: bool = False
+    runs: list[Run],
+    metric: str,
+    splits: list[str],
+    out: Path,
+    title: str = "",
+    log_y: bool = False,
+    groups: list[str] | None = None,
 ) -> Path:
-    """One panel per split, one line per run: ``metric`` against training step."""
+    """One panel per split, one line per run: ``metric`` against training step. ``groups`` (one label per
+    run): runs with the same label (seeds of one configuration) share a colour and a legend entry."""
+    labels = groups or [run.label for run in runs]
+    colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
     fig, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False, sharey=True)
     for ax, split in zip(axes[0], splits):
-        for run in runs:
+        shown = set()
+        for run, label in zip(runs, labels):
             steps, values = run.curve(split, metric)
             if steps:
-                ax.plot(steps, values, marker="o", markersize=2.5, label=run.label)
+                legend = None if label in shown else label
+                shown.add(label)
+                ax.plot(steps, values, marker="o", markersize=2.5, color=colours[label], label=legend, alpha=0.85)
         ax.set_title(split)
         ax.set_xlabel("step")
         if log_y:

@@ -228,12 +228,14 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     header = f"| configuration | seeds | {titles} | paper OOD (%) | paper row |"
     table = "\n".join([header, "|" + "---|" * (len(columns) + 4), *rows])
 
+    by_run = {id(r): labels[key] for key, members in groups.items() for r in members}
     learning_curves(
         runs,
         metric,
         [s for s in splits if s != "train"] or splits,
         out / "learning_curves.png",
         f"{unit} during training",
+        groups=[by_run[id(r)] for r in runs],
     )
     figures = ["learning_curves.png"]
     for key in SWEEP_KEYS:
@@ -297,7 +299,9 @@ def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[st
     header = f"| configuration | seeds | training tokens | {' | '.join(columns)} |"
     table = "\n".join([header, "|" + "---|" * (len(columns) + 3), *rows])
     curves = out / "learning_curves.png"
-    learning_curves(runs, "ppl", ["val", "train"], curves, "perplexity during training", log_y=True)
+    by_run = {id(r): _label(members[0].config, varying) for members in groups.values() for r in members}
+    labels = [by_run[id(r)] for r in runs]
+    learning_curves(runs, "ppl", ["val", "train"], curves, "perplexity during training", log_y=True, groups=labels)
     (out / "report.md").write_text(
         f"# hyla report\n\nRuns: {len(runs)} language-model runs in {len(groups)} configuration(s); "
         "perplexity = exp(mean loss per token) of each run's evaluation windows, mean +- s.e. over seeds "
