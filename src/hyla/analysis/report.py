@@ -228,14 +228,13 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     header = f"| configuration | seeds | {titles} | paper OOD (%) | paper row |"
     table = "\n".join([header, "|" + "---|" * (len(columns) + 4), *rows])
 
-    by_run = {id(r): labels[key] for key, members in groups.items() for r in members}
     learning_curves(
         runs,
         metric,
         [s for s in splits if s != "train"] or splits,
         out / "learning_curves.png",
         f"{unit} during training",
-        groups=[by_run[id(r)] for r in runs],
+        groups=[_label(r.config, varying) for r in runs],
     )
     figures = ["learning_curves.png"]
     for key in SWEEP_KEYS:
@@ -299,8 +298,7 @@ def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[st
     header = f"| configuration | seeds | training tokens | {' | '.join(columns)} |"
     table = "\n".join([header, "|" + "---|" * (len(columns) + 3), *rows])
     curves = out / "learning_curves.png"
-    by_run = {id(r): _label(members[0].config, varying) for members in groups.values() for r in members}
-    labels = [by_run[id(r)] for r in runs]
+    labels = [_label(r.config, varying) for r in runs]  # seeds of a configuration share its label
     learning_curves(runs, "ppl", ["val", "train"], curves, "perplexity during training", log_y=True, groups=labels)
     (out / "report.md").write_text(
         f"# hyla report\n\nRuns: {len(runs)} language-model runs in {len(groups)} configuration(s); "

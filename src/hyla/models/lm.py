@@ -9,8 +9,9 @@ and training sides live in ``configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``
 That reading is uncertain. The paper gives qk/v as totals for its task models, and the authors' public
 WikiText config (16 heads, qk = v = 128 in total) uses heads of 8; read as a total, "qk/v 64" is
 ``model.qk_dim=64 model.v_dim=64`` (heads of 8). Parameters with a 32k vocabulary: 41.6M here, 36.1M
-with heads of 8 (52.5M and 58.0M untied); the paper says ~50M. ``results/lm_cpu.md`` compares the two
-head sizes at ``lm_tiny`` scale.
+with heads of 8 (58.0M and 52.5M untied; counted as ``sum(p.numel() for p in Transformer(TransformerConfig(
+vocab_size=32000, output_dim=32000, **preset)).parameters())``); the paper says ~50M.
+``results/lm_cpu.md`` compares the two head sizes at ``lm_tiny`` scale.
 """
 
 from __future__ import annotations
