@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Language-model comparison on CPU (results/lm_cpu.md), lm_tiny at equal tokens, in three parts:
+# Language-model comparison on CPU (results/lm_cpu.md), lm_tiny at equal tokens, in four parts:
 # 1. softmax vs linear vs HYLA, SEEDS (one after another), for each attention split in HEADS of the same
 #    total width (qk = v = 128): 4 heads of 32 (the lm-tiny preset), 16 heads of 8 (the head size of the
-#    paper code's WikiText model, configs/wiki.py: 16 heads, qk = v = 128 in total), ... One report each.
+#    paper code's WikiText model, configs/wiki.py: 16 heads, qk = v = 128 in total), 32 heads of 4.
+#    One report per split.
 # 2. learning rates: seed 0 of each variant at the rates in LRS (lm_tiny's is 2e-3), LR_HEADS heads.
 # 3. the paper's ablations in ABLATIONS, seed 0, ABLATION_HEADS heads, beside linear and HYLA.
 # 4. SEEDS at chosen rates: BEST lists attention:lr pairs (from part 2), BEST_HEADS heads. One report.
@@ -18,7 +19,7 @@ train() {  # attention heads out_dir extra-args...
   "$hyla" train lm_tiny model.attention=$v model.num_heads=$heads name=lm_tiny_${v}_h$heads ${EXTRA:-} \
     --out "$dir" --quiet "$@"
 }
-for heads in ${HEADS-4 16}; do
+for heads in ${HEADS-4 16 32}; do
   for v in softmax linear hyla; do
     train $v $heads "$out/h$heads/$v" --seeds "$seeds"
   done
