@@ -13,7 +13,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text,sweep]"
 	touch $(STAMP)
 
 install: $(STAMP)

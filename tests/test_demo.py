@@ -26,7 +26,7 @@ def test_demo_trains_each_variant_and_writes_the_report(tmp_path: Path, capsys) 
         assert (out / variant / "metrics.jsonl").is_file()
         assert f"| {variant} |" in printed
     report = (out / "report.md").read_text()
-    assert "| variant | train R^2 (%) | test R^2 (%) | ood R^2 (%) | train loss" in report
+    assert "| variant | train R^2 (%) | test R^2 (%) | ood R^2 (%) | unseen_terms R^2 (%) | train loss" in report
     for png in ("learning_curves_r2.png", "training_loss.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second invocation reuses the finished runs instead of training again

@@ -70,7 +70,8 @@ def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str, forwa
         mine, theirs = load_checkpoint(latest_checkpoint(stacked)), load_checkpoint(latest_checkpoint(alone))
         assert mine.step == theirs.step == 8 and mine.model.keys() == theirs.model.keys()
         for k in mine.model:
-            torch.testing.assert_close(mine.model[k], theirs.model[k], rtol=1e-4, atol=1e-6)
+            # atol ~ lr / 10: Adam turns reordering noise in near-zero gradients into steps of up to lr
+            torch.testing.assert_close(mine.model[k], theirs.model[k], rtol=1e-4, atol=1e-4)
         assert mine.optimizer["param_groups"][0]["weight_decay"] == 0.1
         assert [len(g["params"]) for g in mine.optimizer["param_groups"]] == [
             len(g["params"]) for g in theirs.optimizer["param_groups"]
@@ -170,7 +171,9 @@ def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsy
     run = tmp_path / "x" / "num_layers1_lr0.003"
     alone = lone(tmp_path, "sraven", "alone", "model.num_layers=1", "train.lr=0.003", "name=sraven_num_layers1_lr0.003")
     assert_same_metrics(metrics(run), metrics(alone))
-    cfgs = [load_config("sraven", o) for o in ([], ["seed=1"], ["model.num_layers=2"], ["model.moe_experts=2"])]
+    stackable = ["data.split_seed=0", "model.attention_dropout=0"]  # the paper config's split follows the seed
+    options = ([], ["seed=1"], ["model.num_layers=2"], ["model.moe_experts=2"])
+    cfgs = [load_config("sraven", [*stackable, *o]) for o in options]
     assert stack_groups(cfgs) == [[0, 1], [2], [3]]  # MoE: alone
 
 

@@ -194,10 +194,12 @@ def test_every_config_file_loads_and_has_the_required_keys() -> None:
 
 
 def test_lr_schedule_and_weight_decay_groups(tmp_path: Path) -> None:
-    cfg = load_config("sraven", ["train.steps=100", "train.warmup_steps=10", "train.lr=1e-3"])
+    library = ["train.cosine_end=steps", "train.weight_decay_mask=ndim"]  # the library's defaults
+    cfg = load_config("sraven", ["train.steps=100", "train.warmup_steps=10", "train.lr=1e-3", *library])
     assert lr_at(0, cfg) == 0.0 and lr_at(5, cfg) == pytest.approx(5e-4) and lr_at(10, cfg) == pytest.approx(1e-3)
     assert lr_at(100, cfg) == pytest.approx(1e-4) and lr_at(55, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
-    trainer = Trainer(load_config(*_split(tiny("sraven"))), tmp_path / "r", quiet=True)
+    config, overrides = _split(tiny("sraven"))
+    trainer = Trainer(load_config(config, [*overrides, *library]), tmp_path / "r", quiet=True)
     decay, no_decay = trainer.optimizer.param_groups
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
     assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0

@@ -12,7 +12,8 @@ from hyla.runtime import tune_cpu_allocator
 SUBCOMMANDS: dict[str, str] = {
     "demo": "hyla.train.demo",
     "train": "hyla.train.cli",
-    "data": "hyla.tasks.cli",
+    "sweep": "hyla.sweep",
+    "data": "hyla.export",
     "bench": "hyla.bench",
     "analyze": "hyla.analysis.cli",
     "report": "hyla.analysis.report",

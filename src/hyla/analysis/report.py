@@ -313,6 +313,20 @@ def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[st
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.paper:
+        from hyla.analysis.paper_report import paper_report
+        from hyla.train.sweepfile import RECORD_ROOT
+
+        try:
+            paper_report(Path(args.out), Path(args.sweep_root or RECORD_ROOT), args.runs or None)
+        except ValueError as err:
+            print(f"hyla report: error: {err}", file=sys.stderr)
+            return 2
+        print(f"report: {Path(args.out) / 'paper.md'}")
+        return 0
+    if not args.runs:
+        print("hyla report: error: give RUN_DIR(s), or --paper [SWEEP ...]", file=sys.stderr)
+        return 2
     try:
         table = build_report(args.runs, Path(args.out), args.latents, args.permutations)
     except ValueError as err:
@@ -325,7 +339,14 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="tables (mean +- s.e. over seeds) and plots over run directories")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run directories (with --paper: sweep names)")
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="OUT/paper.md: ours beside the paper from the sweep records (sweeps: table_a1_fuzzy, table_a1_sraven, "
+        "fig2c_fuzzy unless named)",
+    )
+    p.add_argument("--sweep-root", help="where the sweep records are (default results/sweeps)")
     p.add_argument("--out", required=True, help="DIR for report.md and the PNG figures")
     p.add_argument(
         "--latents",

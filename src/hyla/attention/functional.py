@@ -68,6 +68,13 @@ def normalize_scores(
     raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
 
 
+def drop_pairs(a_BxHxQxK: Tensor, p: float) -> Tensor:
+    """Attention dropout on the latent code: one Bernoulli keep-mask ``1 x 1 x Q x K`` shared over batch and
+    heads (drawn from torch's default generator of ``a``'s device), kept pairs scaled by ``1 / (1 - p)``."""
+    keep_11xQxK = torch.rand((1, 1, *a_BxHxQxK.shape[-2:]), device=a_BxHxQxK.device) >= p
+    return a_BxHxQxK * keep_11xQxK / (1 - p)
+
+
 def value_network(
     a_BxHxQxK: Tensor,
     v_BxHxKxD: Tensor,

@@ -99,7 +99,15 @@ class Attention(nn.Module):
         out_dim: output width (default ``dim``).
         causal: mask keys after the query (position-wise, with the decoding offset).
         relative_position: add a learned T5 relative-position bias per head (own table per module);
-            ``num_buckets``/``max_distance`` configure it, bidirectional unless causal.
+            ``num_buckets``/``max_distance`` configure it.
+        relative_position_bidirectional: separate buckets for keys before and after the query
+            (default: True unless causal). False puts every key after the query in the query's own
+            bucket 0, as the paper's code does for its non-causal task models.
+        dropout: while training, drop (q, k) pairs of the latent code with this probability (one
+            ``1 x 1 x Q x K`` mask shared over batch and heads, kept pairs scaled by ``1 / (1 - p)``),
+            after normalization, so a hyper value network sees the dropped code in every generated
+            layer (the paper's code: ``attention_dropout_rate=0.1``). Training with dropout uses the
+            direct form (the kernels do not drop).
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
@@ -126,8 +134,10 @@ class Attention(nn.Module):
         relative_position: bool = False,
         num_buckets: int = 32,
         max_distance: int = 128,
+        relative_position_bidirectional: bool | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        dropout: float = 0.0,
         bias: bool = True,
         nonlinearity: str | None = None,
         backend: str = "auto",
@@ -140,6 +150,8 @@ class Attention(nn.Module):
         for name, value in (("dim", dim), ("num_heads", num_heads)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not valid; allowed values: {', '.join(BACKENDS)}")
         self.config = config
@@ -151,7 +163,7 @@ class Attention(nn.Module):
         self.kv_dim = kv_dim or dim
         self.out_dim = out_dim or dim
         self.causal, self.rope, self.rope_base, self.backend = causal, rope, rope_base, backend
-        self.chunk_size = chunk_size
+        self.chunk_size, self.dropout = chunk_size, dropout
 
         self.q_proj = nn.Linear(dim, num_heads * self.head_dim_qk, bias=bias)
         self.k_proj = nn.Linear(self.kv_dim, num_heads * self.head_dim_qk, bias=bias)
@@ -162,8 +174,14 @@ class Attention(nn.Module):
             if config.value_network == "hyper_deep"
             else None
         )
+        bidirectional = (not causal) if relative_position_bidirectional is None else relative_position_bidirectional
         self.relative_position = (
-            RelativePositionBias(num_heads, num_buckets, max_distance, bidirectional=not causal)
+            RelativePositionBias(
+                num_heads,
+                num_buckets,
+                max_distance,
+                bidirectional=bidirectional,
+            )
             if relative_position
             else None
         )
@@ -175,7 +193,7 @@ class Attention(nn.Module):
         return (
             f"normalization={c.normalization}, value_network={c.value_network}, phi={c.nonlinearity}, "
             f"heads={self.num_heads}, head_dim_qk={self.head_dim_qk}, head_dim_v={self.head_dim_v}, "
-            f"causal={self.causal}, rope={self.rope}, backend={self.backend}"
+            f"causal={self.causal}, rope={self.rope}, dropout={self.dropout}, backend={self.backend}"
         )
 
     # ------------------------------------------------------------------ projections and masks
@@ -297,10 +315,14 @@ class Attention(nn.Module):
         return (out, a) if return_latent else out
 
     def _uses_reference(self, need_latent: bool) -> bool:
-        if need_latent or self.backend == "reference" or not self.config.is_hyper:
+        if need_latent or self.backend == "reference" or not self.config.is_hyper or self._drops:
             return True
         hooks = (self.hook_scores, self.hook_latent, self.hook_hidden)
         return any(h.has_hooks for h in hooks)
+
+    @property
+    def _drops(self) -> bool:
+        return self.training and self.dropout > 0
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_latent: bool
@@ -323,7 +345,8 @@ class Attention(nn.Module):
                 return y, None
         s = self.hook_scores(fn.attention_scores(q, k, bias))
         a = self.hook_latent(fn.normalize_scores(s, self.config.normalization, mask, self.config.rms_eps))
-        y, hidden = fn.value_network(a, v, self.config.value_network, self.config.nonlinearity, self.w_mid_HxDxD)
+        a_used = fn.drop_pairs(a, self.dropout) if self._drops else a
+        y, hidden = fn.value_network(a_used, v, self.config.value_network, self.config.nonlinearity, self.w_mid_HxDxD)
         if hidden is not None:
             self.hook_hidden(hidden)
         return y, a

@@ -18,6 +18,10 @@ from hyla.attention import PRESETS, Attention, HookPoint, KVCache, attention_pre
 
 FEEDFORWARDS: tuple[str, ...] = ("gelu", "swiglu")
 NORMS: tuple[str, ...] = ("layer", "rms")
+INITS: tuple[str, ...] = ("torch", "flax")
+GELU_APPROXIMATIONS: tuple[str, ...] = ("none", "tanh")
+#: flax's lecun_normal draws from a normal truncated at 2 std; this restores the variance it cuts
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
 @dataclass
@@ -27,6 +31,11 @@ class TransformerConfig:
     ``qk_dim`` and ``v_dim`` are totals split over heads (the paper's convention). ``single_head``
     keeps those totals in one head of full width (the paper's single-head comparison, Fig. 5C).
     Exactly one of ``input_dim`` (linear embedding of vectors) and ``vocab_size`` (token ids) is set.
+
+    The paper's code (flax) differs from PyTorch's defaults in a few choices, each an option here:
+    ``init="flax"`` (weights lecun normal, std ``1/sqrt(fan_in)``, zero biases),
+    ``gelu_approximate="tanh"``, ``norm_eps=1e-6``, ``attention_dropout`` (on the latent code) and
+    ``relative_position_bidirectional=False``.
     """
 
     output_dim: int = 8
@@ -48,11 +57,16 @@ class TransformerConfig:
     relative_position: bool = True
     relative_position_buckets: int = 64
     relative_position_max_distance: int = 64
+    relative_position_bidirectional: bool | None = None  # None: bidirectional unless causal
+    attention_dropout: float = 0.0  # on the latent code while training (see hyla.Attention)
     rope: bool = False
     width_multiplier: int = 1
     single_head: bool = False
     tie_embeddings: bool = False
     attention_backend: str = "auto"
+    init: str = "torch"  # torch (PyTorch's defaults) | flax (the paper's code)
+    gelu_approximate: str = "none"  # none | tanh (flax's nn.gelu)
+    norm_eps: float = 1e-5  # torch's LayerNorm default; flax: 1e-6
 
     def validate(self) -> None:
         if (self.input_dim is None) == (self.vocab_size is None):
@@ -69,6 +83,13 @@ class TransformerConfig:
             raise ValueError(
                 f"moe_top_k must be in 1..moe_experts={self.moe_experts}, got {self.moe_top_k} (moe_experts=0: no MoE)"
             )
+        for name, allowed in (("init", INITS), ("gelu_approximate", GELU_APPROXIMATIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not valid; allowed values: {', '.join(allowed)}")
+        if not 0 <= self.attention_dropout < 1:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if self.width_multiplier < 1:
             raise ValueError(f"width_multiplier must be >= 1, got {self.width_multiplier}")
         if self.tie_embeddings and self.vocab_size is None:
@@ -97,16 +118,16 @@ class TransformerConfig:
         )
 
 
-def make_norm(kind: str, dim: int) -> nn.Module:
-    return nn.LayerNorm(dim) if kind == "layer" else nn.RMSNorm(dim)
+def make_norm(kind: str, dim: int, eps: float = 1e-5) -> nn.Module:
+    return nn.LayerNorm(dim, eps=eps) if kind == "layer" else nn.RMSNorm(dim, eps=eps)
 
 
 class MLP(nn.Module):
     """GELU MLP or SwiGLU (``swiglu``: ``W2 (silu(W_g x) * W_1 x)``, no biases)."""
 
-    def __init__(self, dim: int, hidden: int, kind: str = "gelu"):
+    def __init__(self, dim: int, hidden: int, kind: str = "gelu", gelu_approximate: str = "none"):
         super().__init__()
-        self.kind = kind
+        self.kind, self.gelu_approximate = kind, gelu_approximate
         bias = kind == "gelu"
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.gate = nn.Linear(dim, hidden, bias=False) if kind == "swiglu" else None
@@ -114,7 +135,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
-        h = F.silu(self.gate(x)) * h if self.gate is not None else F.gelu(h)
+        h = F.silu(self.gate(x)) * h if self.gate is not None else F.gelu(h, approximate=self.gelu_approximate)
         return self.fc2(h)
 
 
@@ -126,9 +147,12 @@ class MoE(nn.Module):
     forward is the Switch-Transformer load-balancing term ``E * sum_e f_e * P_e`` (1 when balanced).
     """
 
-    def __init__(self, dim: int, hidden: int, num_experts: int, top_k: int):
+    #: parameters that are biases although 2-D (one row per expert): never weight-decayed by the paper
+    bias_parameters: tuple[str, ...] = ("b1_ExM", "b2_ExD")
+
+    def __init__(self, dim: int, hidden: int, num_experts: int, top_k: int, gelu_approximate: str = "none"):
         super().__init__()
-        self.top_k = top_k
+        self.top_k, self.gelu_approximate = top_k, gelu_approximate
         self.router = nn.Linear(dim, num_experts, bias=False)
         self.w1_ExDxM = nn.Parameter(torch.randn(num_experts, dim, hidden) * dim**-0.5)
         self.b1_ExM = nn.Parameter(torch.zeros(num_experts, hidden))
@@ -141,7 +165,9 @@ class MoE(nn.Module):
         probs_BxTxE = self.hook_router(torch.softmax(self.router(x_BxTxD), dim=-1))
         top_w, top_i = probs_BxTxE.topk(self.top_k, dim=-1)
         gates_BxTxE = torch.zeros_like(probs_BxTxE).scatter(-1, top_i, top_w / top_w.sum(-1, keepdim=True))
-        h = F.gelu(torch.einsum("btd,edm->btem", x_BxTxD, self.w1_ExDxM) + self.b1_ExM)
+        h = F.gelu(
+            torch.einsum("btd,edm->btem", x_BxTxD, self.w1_ExDxM) + self.b1_ExM, approximate=self.gelu_approximate
+        )
         y_BxTxExD = torch.einsum("btem,emd->bted", h, self.w2_ExMxD) + self.b2_ExD
         num_experts = probs_BxTxE.shape[-1]
         routed_frac_E = (gates_BxTxE > 0).float().mean(dim=(0, 1)) / self.top_k
@@ -152,7 +178,7 @@ class MoE(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.norm1 = make_norm(cfg.norm, cfg.emb_dim)
+        self.norm1 = make_norm(cfg.norm, cfg.emb_dim, cfg.norm_eps)
         self.attn = Attention(
             cfg.emb_dim,
             cfg.num_heads,
@@ -163,15 +189,17 @@ class Block(nn.Module):
             relative_position=cfg.relative_position,
             num_buckets=cfg.relative_position_buckets,
             max_distance=cfg.relative_position_max_distance,
+            relative_position_bidirectional=cfg.relative_position_bidirectional,
             rope=cfg.rope,
+            dropout=cfg.attention_dropout,
             nonlinearity=cfg.nonlinearity,
             backend=cfg.attention_backend,
         )
-        self.norm2 = make_norm(cfg.norm, cfg.emb_dim)
+        self.norm2 = make_norm(cfg.norm, cfg.emb_dim, cfg.norm_eps)
         self.ff: nn.Module = (
-            MoE(cfg.emb_dim, cfg.mlp_dim, cfg.moe_experts, cfg.moe_top_k)
+            MoE(cfg.emb_dim, cfg.mlp_dim, cfg.moe_experts, cfg.moe_top_k, cfg.gelu_approximate)
             if cfg.moe_experts
-            else MLP(cfg.emb_dim, cfg.mlp_dim, cfg.feedforward)
+            else MLP(cfg.emb_dim, cfg.mlp_dim, cfg.feedforward, cfg.gelu_approximate)
         )
         for name in ("resid_pre", "attn_out", "resid_mid", "ff_out"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -209,11 +237,13 @@ class Transformer(nn.Module):
             nn.Linear(c.input_dim, c.emb_dim) if c.input_dim is not None else nn.Embedding(c.vocab_size, c.emb_dim)  # type: ignore[arg-type]
         )
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.num_layers))
-        self.norm = make_norm(c.norm, c.emb_dim)
+        self.norm = make_norm(c.norm, c.emb_dim, c.norm_eps)
         self.readout = nn.Linear(c.emb_dim, c.output_dim, bias=not c.tie_embeddings)
         if c.vocab_size is not None:
             # unit-norm token vectors; nn.Embedding's N(0, 1) would make tied logits start with std sqrt(emb_dim)
             nn.init.normal_(self.embed.weight, std=c.emb_dim**-0.5)
+        if c.init == "flax":
+            flax_init_(self)
         if c.tie_embeddings:
             self.readout.weight = self.embed.weight  # type: ignore[assignment]
         self.hook_resid_final = HookPoint()
@@ -264,6 +294,32 @@ class Transformer(nn.Module):
             for h in handles:
                 h.remove()
         return codes
+
+
+@torch.no_grad()
+def flax_init_(model: nn.Module) -> None:
+    """Re-initialize ``model`` as flax's defaults would (the paper's code), in module order.
+
+    Linear weights and MoE expert weights: lecun normal (truncated at 2 std, std ``1/sqrt(fan_in)``);
+    biases zero. Already as flax draws them, so left alone: token embeddings and relative-position
+    tables (``default_embed_init``: normal, std ``1/sqrt(width)``), norms (ones, zeros). HYLA+'s
+    generated layer is not in the paper's code and keeps its own init.
+    """
+
+    def lecun_(w: Tensor, fan_in: int) -> None:
+        std = fan_in**-0.5 / _TRUNCATED_NORMAL_STD
+        nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            lecun_(module.weight, module.in_features)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, MoE):
+            lecun_(module.w1_ExDxM, module.w1_ExDxM.shape[1])
+            lecun_(module.w2_ExMxD, module.w2_ExMxD.shape[1])
+            nn.init.zeros_(module.b1_ExM)
+            nn.init.zeros_(module.b2_ExD)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -13,10 +13,17 @@ Splits of the task space, a function of ``split_seed`` alone (never of the data 
 * ``ood``: of the combinations of the other ("seen") terms, ``int(holdout * count)`` are held out;
 * ``train`` and ``test`` draw from the rest (``test``: fresh problems of the training combinations).
 
-Every seen term appears in some training combination: the split first puts a random cover of the
-seen terms (shuffled, cut into groups of K, the last group topped up) into training, then fills the
-training set with random other combinations; a ``holdout`` leaving fewer training combinations than a
-cover needs raises ``ValueError``.
+With ``split_style="cover"`` (the default) every seen term appears in some training combination: the
+split first puts a random cover of the seen terms (shuffled, cut into groups of K, the last group
+topped up) into training, then fills the training set with random other combinations; a ``holdout``
+leaving fewer training combinations than a cover needs raises ``ValueError``.
+
+``split_style="authors"`` is the universe of the paper's code (``hyla/data/logic.py``,
+``frac_ood_conj=0.25`` -> ``num_unseen_terms=4``): the reserved terms are the *last* ones in product
+order over ``{0,1}^L`` (``x_1`` and ``x_2`` both positive for L=4), not random ones; the held-out
+combinations are the first ``int(holdout * count)`` of a random permutation, with no cover (a seen
+term may never be trained on); and ``unseen_terms`` holds only combinations of reserved terms alone
+(their loader "ood": 6 pairs for L=4, K=2).
 
 Encoding: token t is ``(x_t, y_t)`` (``input_dim = L + 1``) with the last ``y`` zeroed; the model
 predicts it at the last position (``outputs[:, -1, 0]``). ``targets`` are all N true ``y`` values.
@@ -35,6 +42,8 @@ from hyla.tasks.base import Batch, Task
 
 #: sequences whose N targets have a variance below this get it raised to it in ``r2``
 R2_MIN_VARIANCE = 1e-12
+#: how the task space is split (module docstring)
+SPLIT_STYLES: tuple[str, ...] = ("cover", "authors")
 
 
 class FuzzyLogic(Task):
@@ -52,7 +61,10 @@ class FuzzyLogic(Task):
         holdout: float = 0.7,
         split_seed: int = 0,
         num_unseen_terms: int = 2,
+        split_style: str = "cover",
     ) -> None:
+        if split_style not in SPLIT_STYLES:
+            raise ValueError(f"split_style={split_style!r} is not valid; allowed values: {', '.join(SPLIT_STYLES)}")
         if not 1 <= num_variables <= 16:
             raise ValueError(f"num_variables must be in 1..16, got {num_variables}")
         total_terms = 2**num_variables
@@ -75,6 +87,7 @@ class FuzzyLogic(Task):
             raise ValueError(f"holdout must be in (0, 1), got {holdout}")
         self.num_variables, self.num_terms, self.num_examples = num_variables, num_terms, num_examples
         self.holdout, self.split_seed, self.num_unseen_terms = holdout, split_seed, num_unseen_terms
+        self.split_style = split_style
         self.input_dim, self.output_dim, self.seq_len = num_variables + 1, 1, num_examples
         self.eval_splits = ("test", "ood", "unseen_terms") if num_unseen_terms else ("test", "ood")
 
@@ -82,7 +95,8 @@ class FuzzyLogic(Task):
         bits = (np.arange(total_terms)[:, None] >> np.arange(num_variables)[None, :]) & 1
         self.term_patterns = torch.from_numpy(bits.astype(bool))  # (2^L, L)
         self.combinations = torch.tensor(list(itertools.combinations(range(total_terms), num_terms)))  # (C, K)
-        self.unseen_terms, self.task_ids = self._split(np.random.default_rng(split_seed))
+        split = self._split if split_style == "cover" else self._authors_split
+        self.unseen_terms, self.task_ids = split(np.random.default_rng(split_seed))
         self._device_tables: dict[torch.device, dict[str, Tensor]] = {}
 
     @property
@@ -122,6 +136,34 @@ class FuzzyLogic(Task):
         if self.num_unseen_terms:
             ids["unseen_terms"] = np.flatnonzero(has_unseen)
         return torch.from_numpy(unseen), {name: torch.from_numpy(v) for name, v in ids.items()}
+
+    def _authors_split(self, rng: np.random.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """(reserved terms, combination ids per split) as the paper's code splits: see the module docstring."""
+        total_terms, combos = 2**self.num_variables, self.combinations.numpy()
+        # product order over {0,1}^L reads bit i of our term id as its (i+1)-th digit, most significant first
+        digits = (np.arange(total_terms)[:, None] >> np.arange(self.num_variables)[None, :]) & 1
+        product_rank = digits @ (2 ** np.arange(self.num_variables - 1, -1, -1))
+        unseen = np.sort(np.argsort(product_rank)[total_terms - self.num_unseen_terms :])
+        in_unseen = np.isin(combos, unseen)
+        seen_ids = np.flatnonzero(~in_unseen.any(axis=1))
+        n_ood = int(self.holdout * len(seen_ids))
+        if not 1 <= n_ood < len(seen_ids):
+            raise ValueError(
+                f"holdout={self.holdout} leaves {n_ood} held-out and {len(seen_ids) - n_ood} training combinations "
+                f"of {len(seen_ids)}; both need >= 1: choose another holdout"
+            )
+        order = rng.permutation(seen_ids)
+        ids = {"train": np.sort(order[n_ood:]), "ood": np.sort(order[:n_ood])}
+        ids["test"] = ids["train"]
+        if self.num_unseen_terms:
+            only_unseen = np.flatnonzero(in_unseen.all(axis=1))
+            if len(only_unseen) == 0:
+                raise ValueError(
+                    f"num_unseen_terms={self.num_unseen_terms} < num_terms={self.num_terms}: no combination of "
+                    "reserved terms alone for the unseen_terms split (split_style=authors)"
+                )
+            ids["unseen_terms"] = only_unseen
+        return torch.from_numpy(unseen), {k: torch.from_numpy(v.astype(np.int64)) for k, v in ids.items()}
 
     def _tables(self, device: torch.device) -> dict[str, Tensor]:
         """Per split: combination ids and their literal patterns ``(n, K, L)``, copied to ``device`` once."""

@@ -26,7 +26,7 @@ class DataConfig:
 
     task: str = "sraven"  # sraven | fuzzy_logic | text
     holdout: float = 0.25  # fraction of task combinations held out as the OOD split
-    split_seed: int = 0  # which combinations are held out; independent of the training seed
+    split_seed: int | None = 0  # which combinations are held out; None: the run's seed (the paper's code)
     num_features: int = 4  # sraven
     num_values: int = 8  # sraven
     grid_size: int = 3  # sraven
@@ -35,6 +35,7 @@ class DataConfig:
     num_terms: int = 2  # fuzzy_logic
     num_examples: int = 32  # fuzzy_logic
     num_unseen_terms: int = 0  # fuzzy_logic: terms never trained on (split unseen_terms if > 0)
+    split_style: str = "cover"  # fuzzy_logic: cover | authors (hyla.tasks.fuzzy_logic)
     corpus: str = "stdlib"  # text: stdlib | a file or folder | hf:<dataset name>
     dataset_config: str | None = None  # text, hf: the dataset's configuration (e.g. en for C4)
     dataset_split: str = "train"  # text, hf
@@ -51,9 +52,11 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 128  # global batch (split over DDP processes)
     lr: float = 1e-3
-    weight_decay: float = 0.1  # applied to parameters with >= 2 dims only
+    weight_decay: float = 0.1  # applied to the parameters that weight_decay_mask names
+    weight_decay_mask: str = "ndim"  # ndim: >= 2-D parameters | authors: the paper's code (hyla.train.optim)
     warmup_steps: int = 100  # linear warmup from 0
     final_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
+    cosine_end: str = "steps"  # steps | steps_minus_warmup (the paper's code): where the floor is reached
     eval_every: int = 500
     eval_size: int = 51_200  # problems per split at each evaluation (the paper: 51,200)
     eval_batch_size: int = 1024
@@ -61,7 +64,7 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every: int = 1000
     data_seed: int | None = None  # training stream; default derived from `seed`
-    moe_aux_weight: float = 0.01
+    moe_aux_weight: float = 0.01  # MoE load-balancing loss weight (the paper has none: 0 in its configs)
     grad_accum_steps: int = 1  # micro-batches per update (the batch is split, the update is the same)
     bf16: bool = False
     compile: bool = False
@@ -84,6 +87,11 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: TransformerConfig = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def split_seed(self) -> int:
+        """The seed of the held-out split: ``data.split_seed``, or the run's ``seed`` when that is None."""
+        return self.seed if self.data.split_seed is None else self.data.split_seed
 
     @property
     def data_seed(self) -> int:
@@ -120,14 +128,24 @@ class ExperimentConfig:
             )
         if not 0 <= t.final_lr_fraction <= 1:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
+        for key, value, allowed in (
+            ("train.weight_decay_mask", t.weight_decay_mask, ("ndim", "authors")),
+            ("train.cosine_end", t.cosine_end, ("steps", "steps_minus_warmup")),
+            ("data.split_style", self.data.split_style, ("cover", "authors")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
         if self.data.task not in ("sraven", "fuzzy_logic", "text"):
             raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic, text")
         if t.grad_accum_steps < 1 or t.batch_size % t.grad_accum_steps:
             raise ValueError(
                 f"train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide train.batch_size={t.batch_size}"
             )
-        if self.model.input_dim is not None or self.model.vocab_size is not None:  # set once the task is known
-            self.model.validate()
+        model = self.model
+        if model.input_dim is None and model.vocab_size is None:  # the task sets its sizes: check the rest now
+            sizes = {"vocab_size": 2, "output_dim": 2} if self.data.task == "text" else {"input_dim": 1}
+            model = dataclasses.replace(model, **sizes)
+        model.validate()
 
 
 # ---------------------------------------------------------------------------------------- parsing

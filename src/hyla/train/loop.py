@@ -33,8 +33,9 @@ from hyla.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hyla.train.config import ExperimentConfig, dump_config
+from hyla.train.config import ExperimentConfig, _merge, dump_config
 from hyla.train.fast import WholeStepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
+from hyla.train.optim import build_optimizer, lr_at
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = (
@@ -45,6 +46,13 @@ RESUMABLE_CHANGES = (
     "train.stack_forward",
     "train.graph_step",
 )
+
+
+def resume_differences(saved: dict[str, Any], cfg: ExperimentConfig) -> list[str]:
+    """What differs between a checkpoint's config and ``cfg``, beyond :data:`RESUMABLE_CHANGES`. A key the
+    checkpoint lacks (written before the option existed) counts as that option's default."""
+    saved = _merge(ExperimentConfig().to_dict(), saved)
+    return [d for d in config_differences(saved, cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)]
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a run saves a checkpoint and exits on these
@@ -67,6 +75,7 @@ class DrivenTrainer(Protocol):
     cfg: ExperimentConfig
     step: int
     stop_at_step: int | None
+    deadline: float | None  # time.monotonic() by which the run stops with a checkpoint (a time budget)
 
     def train_step(self) -> None: ...
     def save(self) -> None: ...
@@ -83,9 +92,10 @@ def drive(
 ) -> T | None:
     """Train ``trainer`` to ``train.steps``: ``log(step, steps_per_s)`` every ``log_every`` steps,
     ``evaluate(step)`` every ``eval_every`` and a checkpoint every ``checkpoint_every`` (all three at
-    the last step), stopping with a checkpoint at ``trainer.stop_at_step`` or on SIGINT / SIGTERM
-    (then :class:`Interrupted` is raised). Every stop checks for a non-finite loss first, so no
-    checkpoint holds a diverged model. Returns the last evaluation (None if there was none)."""
+    the last step), stopping with a checkpoint at ``trainer.stop_at_step``, once ``time.monotonic()``
+    passes ``trainer.deadline``, or on SIGINT / SIGTERM (then :class:`Interrupted` is raised). Every
+    stop checks for a non-finite loss first, so no checkpoint holds a diverged model. Returns the last
+    evaluation (None if there was none)."""
     t = trainer.cfg.train
     caught: list[int] = []
     old_handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOP_SIGNALS}
@@ -114,6 +124,11 @@ def drive(
                 trainer.save()
                 say(f"stopped at step {s} (--stop-at-step); resume with --resume")
                 break
+            if trainer.deadline is not None and time.monotonic() >= trainer.deadline and s < t.steps:
+                trainer._check_finite()
+                trainer.save()
+                say(f"stopped at step {s} (time budget); resume with --resume")
+                break
             if caught:
                 trainer._check_finite()
                 trainer.save()
@@ -141,7 +156,7 @@ def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
             num_values=d.num_values,
             grid_size=d.grid_size,
             holdout=d.holdout,
-            split_seed=d.split_seed,
+            split_seed=cfg.split_seed,
             unambiguous_only=d.unambiguous_only,
         )
     return make_task(
@@ -150,8 +165,9 @@ def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
         num_terms=d.num_terms,
         num_examples=d.num_examples,
         holdout=d.holdout,
-        split_seed=d.split_seed,
+        split_seed=cfg.split_seed,
         num_unseen_terms=d.num_unseen_terms,
+        split_style=d.split_style,
     )
 
 
@@ -183,29 +199,6 @@ def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transform
         raise ValueError(f"{run_dir} has no checkpoint")
     model.load_state_dict(load_checkpoint(ckpt).model)
     return cfg, task, model.eval()
-
-
-def build_optimizer(
-    model: nn.Module, cfg: ExperimentConfig, device: torch.device, *, capturable: bool = False
-) -> torch.optim.AdamW:
-    """AdamW, fused on CUDA; ``capturable`` (CUDA) for a step captured as a CUDA graph."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    extra = {"capturable": True} if capturable else {}
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda", **extra)
-
-
-def lr_at(step: int, cfg: ExperimentConfig) -> float:
-    """Linear warmup from 0 over ``warmup_steps``, then cosine decay to ``final_lr_fraction * lr``."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * step / t.warmup_steps
-    progress = min(1.0, (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps))
-    return t.lr * (t.final_lr_fraction + (1 - t.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @dataclass
@@ -247,6 +240,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.run_dir, self.quiet = cfg, Path(run_dir), quiet
         self.stop_at_step = stop_at_step
+        self.deadline: float | None = None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
         self.dist = init_distributed(device)
@@ -318,7 +312,7 @@ class Trainer:
             self._truncate_metrics_after(self.step)
 
     def _restore(self, state: TrainingState) -> None:
-        diffs = [d for d in config_differences(state.config, self.cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)]
+        diffs = resume_differences(state.config, self.cfg)
         if diffs:
             raise CheckpointError(
                 "the checkpoint was written by a different configuration; refusing to resume:\n  " + "\n  ".join(diffs)
@@ -336,6 +330,8 @@ class Trainer:
         self.step = state.step
         self.data_gen.set_state(state.rng[f"data_rank{self.dist.rank}"].to(torch.uint8))
         torch.set_rng_state(state.rng["torch_cpu"].to(torch.uint8))
+        if self.device.type == "cuda" and "torch_cuda" in state.rng:  # attention dropout draws from it
+            torch.cuda.set_rng_state(state.rng["torch_cuda"].to(torch.uint8), self.device)
         self._acc = {k.removeprefix("acc_"): v.to(self.device) for k, v in state.rng.items() if k.startswith("acc_")}
 
     def _truncate_metrics_after(self, step: int) -> None:
@@ -350,6 +346,8 @@ class Trainer:
 
     def save(self) -> None:
         rng = {"torch_cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["torch_cuda"] = torch.cuda.get_rng_state(self.device)
         gen_state = self.data_gen.get_state()
         if self.dist.world > 1:
             states: list[Any] = [None] * self.dist.world

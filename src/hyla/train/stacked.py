@@ -53,7 +53,6 @@ from hyla.tasks.base import Batch
 from hyla.train.checkpoint import (
     CheckpointError,
     TrainingState,
-    config_differences,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -61,16 +60,15 @@ from hyla.train.checkpoint import (
 from hyla.train.config import ExperimentConfig, dump_config, load_config
 from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.loop import (
-    RESUMABLE_CHANGES,
     Interrupted,
     NonFiniteLossError,
     Trainer,
     build_model,
-    build_optimizer,
     build_task,
     drive,
-    lr_at,
+    resume_differences,
 )
+from hyla.train.optim import build_optimizer, decayed_parameter_names, lr_at
 
 #: config keys in which the runs of one stack may differ
 STACKABLE_KEYS = (
@@ -148,12 +146,19 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _stack_view(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The flat config, with the split seed resolved: runs whose split follows their seed share no task."""
+    return {**_flat(cfg.to_dict()), "data.split_seed": cfg.split_seed}
+
+
 def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
     """Why a run cannot be part of a stack (it is then trained alone), or None."""
     if cfg.data.task == "text":
         return "data.task=text (language-model runs are trained one by one)"
     if cfg.model.moe_experts:
         return "model.moe_experts > 0 (the MoE auxiliary loss is per model)"
+    if cfg.model.attention_dropout:
+        return "model.attention_dropout > 0 (a stacked run would not draw its lone run's dropout masks)"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return "launched with torchrun (stacked runs use one process)"
     return None
@@ -166,9 +171,9 @@ def check_stackable(cfgs: list[ExperimentConfig]) -> None:
     reason = not_stackable_reason(cfgs[0])
     if reason:
         raise ValueError(f"these runs cannot be stacked: {reason}")
-    base = _flat(cfgs[0].to_dict())
+    base = _stack_view(cfgs[0])
     for cfg in cfgs[1:]:
-        other = _flat(cfg.to_dict())
+        other = _stack_view(cfg)
         bad = sorted(k for k in base if base[k] != other[k] and k not in STACKABLE_KEYS)
         if bad:
             raise ValueError(
@@ -185,7 +190,7 @@ def stack_groups(cfgs: list[ExperimentConfig]) -> list[list[int]]:
         if not_stackable_reason(cfg):
             groups[f"alone{i}"] = [i]
             continue
-        key = json.dumps({k: v for k, v in sorted(_flat(cfg.to_dict()).items()) if k not in STACKABLE_KEYS})
+        key = json.dumps({k: v for k, v in sorted(_stack_view(cfg).items()) if k not in STACKABLE_KEYS})
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
@@ -299,6 +304,7 @@ class StackedTrainer:
         check_stackable(cfgs)
         self.device = torch.device(device)
         self.quiet, self.stop_at_step = quiet, stop_at_step
+        self.deadline: float | None = None
         self.cfg = cfgs[0]
         self.task = build_task(cfgs[0])
         models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]  # seeds as the lone runs
@@ -307,16 +313,17 @@ class StackedTrainer:
         num_runs = len(cfgs)
         self.template = copy.deepcopy(models[0])
 
-        # parameters: decayed ones (>= 2-D in the lone model) first, each run's a row of flat_RxN
+        # parameters: decayed ones (as in the lone run's optimizer) first, each run's a row of flat_RxN
         named = list(self.template.named_parameters())
-        ordered = [n for n, p in named if p.ndim >= 2] + [n for n, p in named if p.ndim < 2]
+        decayed = decayed_parameter_names(self.template, self.cfg.train.weight_decay_mask)
+        ordered = [n for n, _ in named if n in decayed] + [n for n, _ in named if n not in decayed]
         shapes = dict(named)
         self.slots: list[_Slot] = []
         offset = 0
         for name in ordered:
             self.slots.append(_Slot(name, offset, shapes[name].numel(), shapes[name].shape))
             offset += shapes[name].numel()
-        self.num_decayed = sum(s.numel for s in self.slots if len(s.shape) >= 2)
+        self.num_decayed = sum(s.numel for s in self.slots if s.name in decayed)
         with torch.no_grad():
             rows = [dict(m.named_parameters()) for m in models]
             self.flat_RxN = torch.stack([torch.cat([r[s.name].reshape(-1) for s in self.slots]) for r in rows])
@@ -750,9 +757,7 @@ class StackedTrainer:
                     "drop --resume to start new runs"
                 )
             state = load_checkpoint(ckpt)
-            diffs = [
-                d for d in config_differences(state.config, run.cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)
-            ]
+            diffs = resume_differences(state.config, run.cfg)
             if diffs:
                 raise CheckpointError(
                     f"{run.out}: the checkpoint was written by a different configuration; refusing to resume:\n  "

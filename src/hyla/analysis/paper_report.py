@@ -1,0 +1,227 @@
+"""``hyla report --paper``: ``results/paper.md``, ours beside the paper's numbers, from the sweep records.
+
+For each paper sweep (``configs/sweeps/``): the command, the commits, machines and devices that trained
+it, the wall time, and per row our final OOD metric (mean +- s.e. over the finished seeds) at the grid
+point its in-distribution validation metric (split ``test``, final evaluation) chose, beside the
+paper's value, whether they agree within two standard errors, and every grid point. Rows not run yet
+say so. One figure per sweep: OOD against training step, one colour per row. The side-by-side short
+comparison with the authors' code (``results/side_by_side/curves.json``) follows as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from hyla.analysis.paper import TABLE_A1, TABLE_A1_MOE
+from hyla.analysis.plots import learning_curves
+from hyla.analysis.runs import Run, load_run
+from hyla.train.config import load_config
+from hyla.train.sweepfile import RunSpec, Sweep, load_sweep, run_state
+
+PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
+#: task -> (column of TABLE_A1, metric name, what it is)
+TASK_COLUMNS = {"fuzzy_logic": (0, "r2", "OOD R^2 (%)"), "sraven": (1, "acc", "OOD accuracy (%)")}
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def paper_value(row: str, task: str) -> tuple[float, float] | None:
+    """The paper's Table A1 (mean, s.e.) in % for a sweep row (``hyla``, ``softmax_moe``, ...)."""
+    column = TASK_COLUMNS[task][0]
+    if row.endswith("_moe"):
+        found = TABLE_A1_MOE.get(row.removesuffix("_moe"))
+    else:
+        found = TABLE_A1.get(row)
+    return None if found is None else found[column]
+
+
+def _final(run: Run, split: str, metric: str) -> float | None:
+    last = run.final(split)
+    steps = run.config["train"]["steps"]
+    return None if last is None or last["step"] != steps or metric not in last else 100 * last[metric]
+
+
+def _fmt(mean_se_pair: tuple[float, float] | None) -> str:
+    if mean_se_pair is None:
+        return "-"
+    mean, se = mean_se_pair
+    return f"{mean:.2f}" if math.isnan(se) else f"{mean:.2f} +- {se:.2f}"
+
+
+def agreement(ours: tuple[float, float], paper: tuple[float, float] | None, seeds: int) -> str:
+    """``yes``/``no``: |ours - paper| <= 2 sqrt(se_ours^2 + se_paper^2); undecided with fewer than 2 seeds."""
+    if paper is None:
+        return "-"
+    if seeds < 2:
+        return f"n/a ({seeds} seed)"
+    bound = 2 * math.sqrt(ours[1] ** 2 + paper[1] ** 2)
+    return f"{'yes' if abs(ours[0] - paper[0]) <= bound else 'no'} ({ours[0] - paper[0]:+.1f})"
+
+
+def _made_by(root: Path) -> tuple[set[str], set[str], float]:
+    commits, devices, wall = set(), set(), 0.0
+    for path in root.glob("*/made_by.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                commits.add(rec["commit"])
+                devices.add(f"{rec['device']} on {rec['machine']}")
+                wall += rec["wall_s"] / rec.get("stacked_with", 1)
+    return commits, devices, wall
+
+
+def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
+    """The markdown section of one sweep (and its figure under ``figures``)."""
+    runs = sweep.runs()
+    task = load_config(runs[0].config, list(runs[0].overrides)).data.task
+    _, metric, what = TASK_COLUMNS[task]
+    records = root / sweep.name
+    loaded: dict[str, Run] = {}
+    for spec in runs:
+        if (records / spec.name / "metrics.jsonl").is_file():
+            loaded[spec.name] = load_run(records / spec.name)
+    done = {name for name in loaded if run_state(records / name) == "done"}
+    commits, devices, wall = _made_by(records)
+    lines = [
+        f"## {sweep.name}",
+        "",
+        f"Command: `hyla sweep {sweep.name}` (`configs/sweeps/{sweep.name}.yaml`; records in "
+        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(runs)} runs finished"
+        f", {len(loaded) - len(done)} in progress.",
+        f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
+        f"Training wall time so far: {wall / 3600:.2f} h.",
+        "",
+    ]
+    grid_keys = list(sweep.grid)
+    by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
+    for spec in runs:
+        by_point.setdefault((spec.row, spec.point), []).append(spec)
+
+    def stats(specs: list[RunSpec], split: str) -> tuple[list[float], tuple[float, float] | None]:
+        values = [v for s in specs if s.name in done if (v := _final(loaded[s.name], split, metric)) is not None]
+        return values, (mean_se(values) if values else None)
+
+    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in grid_keys)
+    head += f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |"
+    table = [head, "|" + "---|" * 7]
+    all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
+    all_points.append("|" + "---|" * (len(grid_keys) + 4))
+    chosen_runs: list[tuple[str, Run]] = []
+    for row in sweep.rows:
+        candidates = []
+        for (r, point), specs in by_point.items():
+            if r != row:
+                continue
+            _, test = stats(specs, "test")
+            ood_values, ood = stats(specs, "ood")
+            all_points.append(
+                f"| {row} | " + " | ".join(str(v) for _, v in point) + f" | {len(ood_values)}/{len(specs)} | "
+                f"{_fmt(test)} | {_fmt(ood)} |"
+            )
+            if test is not None and ood is not None:
+                candidates.append((test[0], point, specs, ood, len(ood_values)))
+        paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
+        if not candidates:
+            started = [
+                loaded[s.name] for (r, _), specs in by_point.items() if r == row for s in specs if s.name in loaded
+            ]
+            status = "not run yet"
+            if started:
+                furthest = max(started, key=lambda run: run.metrics[-1]["step"] if run.metrics else 0)
+                status = (
+                    f"in progress ({furthest.label}: step {furthest.metrics[-1]['step'] if furthest.metrics else 0})"
+                )
+            table.append(f"| {row} | 0 | {status} | - | - | {_fmt(paper)} | - |")
+            continue
+        _, point, specs, ood, n = max(candidates, key=lambda c: c[0])
+        _, test = stats(specs, "test")
+        chosen = ", ".join(str(v) for _, v in point) or "-"
+        table.append(
+            f"| {row} | {n} | {chosen} | {_fmt(test)} | {_fmt(ood)} | {_fmt(paper)} | {agreement(ood, paper, n)} |"
+        )
+        chosen_runs += [(row, loaded[s.name]) for s in specs if s.name in loaded]
+    in_progress = [run for name, run in loaded.items() if name not in done]
+    for run in in_progress:
+        chosen_runs.append((run.label.split("-")[0] + " (in progress)", run))
+    lines += [*table, ""]
+    if chosen_runs:
+        figure = figures / f"{sweep.name}_ood.png"
+        learning_curves(
+            [run for _, run in chosen_runs],
+            metric,
+            ["test", "ood"],
+            figure,
+            f"{sweep.name}: {metric} over training (chosen grid point per row; in-progress runs too)",
+            groups=[label for label, _ in chosen_runs],
+        )
+        lines += [f"![{sweep.name}: OOD over training]({figure.parent.name}/{figure.name})", ""]
+    lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
+    lines += [*all_points, ""]
+    return "\n".join(lines)
+
+
+def side_by_side_section(path: Path) -> str:
+    """Mean +- s.e. OOD R^2 (%) at each evaluation step, per (code, setup, variant), from ``curves.json``."""
+    if not path.is_file():
+        return "## Side by side with the authors' code\n\nNot run yet (`benchmarks/authors_side_by_side.sh`).\n"
+    data = json.loads(path.read_text())
+    groups: dict[tuple[str, str, str], dict[int, list[float]]] = {}
+    for run in data["runs"]:
+        key = (run["code"], run["setup"], run["variant"])
+        for point in run["curve"]:
+            if point["split"] == "ood":
+                groups.setdefault(key, {}).setdefault(point["step"], []).append(100 * point["r2"])
+    steps = sorted({s for curve in groups.values() for s in curve})
+    lines = [
+        "## Side by side with the authors' code (short schedule)",
+        "",
+        "Generated from `results/side_by_side/curves.json` (`benchmarks/authors_side_by_side.sh`, "
+        "`benchmarks/side_by_side.py`; analysis in `results/side_by_side/README.md`). OOD R^2 (%) on the "
+        "held-out term combinations (their split `test`), mean +- s.e. over seeds.",
+        "",
+        "| code | setup | variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",
+        "|" + "---|" * (4 + len(steps)),
+    ]
+    for (code, setup, variant), curve in sorted(groups.items()):
+        seeds = max(len(v) for v in curve.values())
+        cells = [_fmt(mean_se(curve[s])) if s in curve else "-" for s in steps]
+        lines.append(f"| {code} | {setup} | {variant} | {seeds} | " + " | ".join(cells) + " |")
+    meta = data.get("meta", {})
+    if meta:
+        lines += [
+            "",
+            f"Machine: {meta.get('machine', '-')}; date {meta.get('date', '-')}; "
+            f"hyla {meta.get('hyla_commit', '-')}, authors' code {meta.get('authors_commit', '-')}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def paper_report(out: Path, root: Path, sweeps: list[str] | None = None, side_by_side: Path | None = None) -> str:
+    """Write ``out/paper.md`` (figures in ``out/paper/``) and return its text."""
+    figures = out / "paper"
+    figures.mkdir(parents=True, exist_ok=True)
+    parts = [
+        "# Ours beside the paper: Table A1 and Fig. 2C",
+        "",
+        "Generated by `hyla report --paper --out results` from the sweep records in `results/sweeps/` "
+        "(each run's `made_by.jsonl` names the commit, machine and device that trained it). The paper "
+        "configs follow the authors' code (`configs/fuzzy_logic.yaml`, `configs/sraven.yaml`). Each row's "
+        "grid point is chosen by its in-distribution validation metric (split `test`, final evaluation), "
+        "never by OOD; every grid point is listed below its table. 'agree' compares ours with the paper "
+        "within two combined standard errors (needs >= 2 finished seeds).",
+        "",
+    ]
+    for name in sweeps or list(PAPER_SWEEPS):
+        parts.append(sweep_section(load_sweep(name), root, figures))
+    parts.append(side_by_side_section(side_by_side or out / "side_by_side" / "curves.json"))
+    text = "\n".join(parts)
+    (out / "paper.md").write_text(text)
+    return text

@@ -1,0 +1,290 @@
+"""``hyla sweep FILE``: a grid of runs you can stop and continue anywhere, recorded in the repository.
+
+A sweep file (``configs/sweeps/*.yaml``, one per paper experiment; format in
+:mod:`hyla.train.sweepfile`) names rows x grid x seeds over a base config. Run
+``ROW-lr0.001-weight_decay0.1-seed0`` trains into ``ROOT/<sweep name>/<run>/`` (ROOT: ``results/sweeps``):
+``config.yaml`` and ``metrics.jsonl`` are the record (committed); ``made_by.jsonl`` says which commit,
+machine and device trained which steps and for how long; checkpoints and ``tb/`` stay local
+(``.gitignore``). Order: the ``first`` rows, then by grid point, seed and row. A finished run (its
+last evaluation written) is never rerun; a stopped one resumes from its checkpoint. Runs that the
+stacked trainer can stack (same everything but seed and optimizer hyperparameters, all new) train as
+one stack. ``--max-minutes`` stops with checkpoints before the budget ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hyla.train.config import CONFIG_DIR, load_config
+from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, last_step, load_sweep, run_state
+
+LAUNCHERS = ("local", "slurm", "submitit-local")
+#: seconds kept free at the end of ``--max-minutes`` for the last checkpoint and evaluation (at most this,
+#: at most a tenth of the budget)
+BUDGET_MARGIN_S = 30.0
+
+
+def provenance(device: str) -> dict[str, Any]:
+    """Commit, machine and device: what every segment of a run records in ``made_by.jsonl``."""
+    from hyla.bench import device_label
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=CONFIG_DIR.parent, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))
+    return {
+        "commit": commit + ("+changes" if dirty else ""),
+        "machine": f"{platform.node()} {platform.machine()} {_cpu_model()}".strip(),
+        "device": device_label(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# ------------------------------------------------------------------------------ running
+def train_runs(
+    specs: list[RunSpec], root: Path, *, device: str = "cpu", deadline: float | None = None, quiet: bool = True
+) -> list[str]:
+    """Train ``specs`` (all not done) in stacks where possible; returns the names finished now."""
+    from hyla.train.loop import Trainer
+    from hyla.train.stacked import StackedTrainer, not_stackable_reason, stack_groups
+
+    cfgs = [load_config(s.config, list(s.overrides)) for s in specs]
+    outs = [root / s.name for s in specs]
+    states = [run_state(o) for o in outs]
+    # only new runs stack: runs stopped at different steps resume one by one
+    new = [i for i, st in enumerate(states) if st == "new"]
+    groups = [[new[i] for i in g] for g in stack_groups([cfgs[i] for i in new])] if new else []
+    groups += [[i] for i, st in enumerate(states) if st == "stopped"]
+    groups.sort(key=min)
+    finished = []
+    for group in groups:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        resume = states[group[0]] == "stopped"
+        g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
+        start_steps = [last_step(o) for o in g_outs]
+        t0 = time.monotonic()
+        trainer: Trainer | StackedTrainer
+        if len(group) == 1 and (resume or not_stackable_reason(g_cfgs[0]) or device != "cuda"):
+            trainer = Trainer(g_cfgs[0], g_outs[0], device=device, resume=resume, quiet=quiet, progress=not quiet)
+        else:
+            trainer = StackedTrainer(g_cfgs, g_outs, device=device, resume=resume, quiet=quiet)
+        trainer.deadline = deadline
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+            made = provenance(device)
+            for out, first in zip(g_outs, start_steps):
+                record = {
+                    **made,
+                    "from_step": first,
+                    "to_step": trainer.step,
+                    "wall_s": round(time.monotonic() - t0, 1),
+                }
+                record["stacked_with"] = len(group)
+                with open(out / "made_by.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+        if trainer.step >= g_cfgs[0].train.steps:
+            finished += [specs[i].name for i in group]
+    return finished
+
+
+def estimate_seconds(spec: RunSpec, device: str, cache: dict[str, tuple[float, float]], from_step: int = 0) -> float:
+    """Seconds left for a run: measured seconds per step (a few steps after warm-up) and per evaluation,
+    times the steps and evaluations it has left. One measurement per architecture (cached)."""
+    from hyla.train.loop import Trainer
+
+    cfg = load_config(spec.config, list(spec.overrides))
+    arch = json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("seed", "name", "train")}, sort_keys=True)
+    if arch not in cache:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = load_config(spec.config, [*spec.overrides, "train.eval_size=512"])
+            trainer = Trainer(probe, Path(tmp) / "probe", device=device, quiet=True, progress=False)
+            try:
+                for _ in range(2):
+                    trainer.train_step()
+                trainer._check_finite()
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    trainer.train_step()
+                trainer._check_finite()
+                per_step = (time.perf_counter() - t0) / 5
+                t0 = time.perf_counter()
+                trainer.evaluate()
+                per_problem = (time.perf_counter() - t0) / (512 * len(trainer.task.splits))
+                eval_s = per_problem * cfg.train.eval_size * len(trainer.task.splits)
+            finally:
+                trainer.close()
+        cache[arch] = (per_step, eval_s)
+    per_step, eval_s = cache[arch]
+    t = cfg.train
+    evals = math.ceil(t.steps / t.eval_every) - from_step // t.eval_every
+    return per_step * (t.steps - from_step) + eval_s * max(evals, 0)
+
+
+def apply_overrides(sweep: Sweep, items: list[str]) -> None:
+    """``--override key=value``: added to every run of ``sweep`` (its config, so a stopped run resumes only
+    under the same overrides)."""
+    import yaml
+
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        sweep.overrides[key.strip()] = yaml.safe_load(raw)
+
+
+def _submit(specs: list[RunSpec], sweep: Sweep, root: Path, launcher: str, device: str, extra: list[str]) -> int:
+    """One job per run through submitit (``slurm``: a SLURM job array; ``submitit-local``: local processes)."""
+    try:
+        import submitit
+    except ImportError:
+        print("hyla sweep: error: --launcher needs submitit (pip install 'hyla[sweep]')", file=sys.stderr)
+        return 2
+    executor = submitit.AutoExecutor(
+        folder=str(root / "_submitit"), cluster="local" if launcher == "submitit-local" else "slurm"
+    )
+    executor.update_parameters(timeout_min=24 * 60, gpus_per_node=1 if device == "cuda" else 0)
+    jobs = executor.map_array(
+        _run_one,
+        [str(sweep.path)] * len(specs),
+        [s.name for s in specs],
+        [str(root)] * len(specs),
+        [device] * len(specs),
+        [extra] * len(specs),
+    )
+    print(f"submitted {len(jobs)} runs ({launcher}): job ids {', '.join(j.job_id for j in jobs)}", flush=True)
+    if launcher == "submitit-local":
+        for job in jobs:
+            job.result()
+    return 0
+
+
+def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list[str]) -> list[str]:
+    """A submitit job: train one run of a sweep (resuming it if stopped)."""
+    sweep = load_sweep(sweep_path)
+    apply_overrides(sweep, extra)
+    spec = next(s for s in sweep.runs() if s.name == run_name)
+    out_root = Path(root)
+    if run_state(out_root / spec.name) == "done":
+        return []
+    return train_runs([spec], out_root, device=device)
+
+
+# ------------------------------------------------------------------------------ command line
+def run(args: argparse.Namespace) -> int:
+    from hyla.train.checkpoint import CheckpointError
+    from hyla.train.loop import Interrupted, NonFiniteLossError
+
+    t_start = time.monotonic()
+    try:
+        sweep = load_sweep(args.file)
+        apply_overrides(sweep, args.override)
+        only = [r.strip() for r in args.only.split(",") if r.strip()] if args.only else None
+        specs = sweep.runs(only)
+        if args.max_minutes is not None and not args.max_minutes > 0:
+            raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        if args.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
+    except ValueError as err:
+        print(f"hyla sweep: error: {err}", file=sys.stderr)
+        return 2
+    root = Path(args.root) / sweep.name
+    states = {s.name: run_state(root / s.name) for s in specs}
+    pending = [s for s in specs if states[s.name] != "done"]
+    if args.emit_commands:
+        for s in pending:
+            print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
+        return 0
+    if args.dry_run:
+        cache: dict[str, tuple[float, float]] = {}
+        total = 0.0
+        done = len(specs) - len(pending)
+        print(f"{sweep.name}: {len(specs)} runs, {done} done, {len(pending)} to train ({args.device})")
+        for s in specs:
+            if states[s.name] == "done":
+                print(f"  {s.name}: done")
+                continue
+            step = last_step(root / s.name) if states[s.name] == "stopped" else 0
+            seconds = estimate_seconds(s, args.device, cache, step)
+            total += seconds
+            print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds / 60:.1f} min")
+        print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
+        return 0
+    if not pending:
+        print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
+        return 0
+    if args.launcher != "local":
+        return _submit(pending, sweep, Path(args.root) / sweep.name, args.launcher, args.device, args.override)
+    deadline = None
+    if args.max_minutes is not None:
+        deadline = t_start + args.max_minutes * 60 - min(BUDGET_MARGIN_S, 6 * args.max_minutes)
+    print(f"{sweep.name}: {len(pending)} of {len(specs)} runs to train into {root}", flush=True)
+    try:
+        finished = train_runs(pending, root, device=args.device, deadline=deadline, quiet=not args.progress)
+    except (ValueError, CheckpointError) as err:
+        print(f"hyla sweep: error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as err:
+        print(f"hyla sweep: error: {err}", file=sys.stderr)
+        return 3
+    except Interrupted as err:
+        print(f"hyla sweep: {err} received; checkpoints saved, run the same command to continue", file=sys.stderr)
+        return 128 + err.signum
+    left = len(pending) - len(finished)
+    print(
+        f"{sweep.name}: {len(finished)} runs finished now, {left} left"
+        + (" (time budget reached; run the same command to continue)" if left else "")
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a sweep file (configs/sweeps/): resumable, recorded under results/sweeps")
+    p.add_argument("file", help="a sweep YAML path or a name in configs/sweeps/ (e.g. table_a1_fuzzy)")
+    p.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default: all)")
+    p.add_argument("--max-minutes", type=float, metavar="M", help="stop with checkpoints before M minutes pass")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their estimated cost; train nothing")
+    p.add_argument("--emit-commands", action="store_true", help="print one `hyla train` command per pending run")
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local (default) | slurm | submitit-local")
+    p.add_argument("--root", default=str(RECORD_ROOT), help="where sweep records go (default results/sweeps)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="add to every run's config, e.g. train.fast=true on a GPU (repeatable)",
+    )
+    p.add_argument("--progress", action="store_true", help="progress bars instead of one line per log interval")
+    p.set_defaults(func=run)

@@ -1,0 +1,152 @@
+"""Sweep files (``configs/sweeps/*.yaml``): the grid of runs of one experiment and the state of its records.
+
+A sweep file names a base config, rows (each a set of overrides, e.g. one attention preset;
+``config:`` picks another base for that row), a grid of hyperparameters and seeds::
+
+    name: table_a1_fuzzy
+    config: fuzzy_logic
+    rows: {softmax: {model.attention: softmax}, hyla_moe: {config: fuzzy_logic_moe, model.attention: hyla}}
+    grid: {train.lr: [0.001, 0.003], train.weight_decay: [0.1, 0.03]}
+    seeds: [0, 1, 2]
+    first: [softmax]          # rows whose runs go first (default: file order)
+    overrides: {}             # applied to every run
+
+``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` reads their records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hyla.train.config import CONFIG_DIR, load_config
+
+SWEEP_DIR = CONFIG_DIR / "sweeps"
+RECORD_ROOT = CONFIG_DIR.parent / "results" / "sweeps"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: its name, base config and overrides (``key=value`` strings)."""
+
+    name: str
+    row: str
+    config: str
+    overrides: tuple[str, ...]
+    point: tuple[tuple[str, Any], ...]
+    seed: int
+
+    def command(self, out: Path, device: str = "cpu", resume: bool = False) -> str:
+        parts = ["hyla", "train", self.config, *self.overrides, "--out", str(out), "--quiet"]
+        parts += ["--device", device] if device != "cpu" else []
+        parts += ["--resume"] if resume else []
+        return " ".join(parts)
+
+
+@dataclass
+class Sweep:
+    name: str
+    config: str
+    rows: dict[str, dict[str, Any]]
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    first: list[str] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    def runs(self, only: list[str] | None = None) -> list[RunSpec]:
+        """Every run in order (the ``first`` rows, then by grid point, seed, row); ``only``: these rows."""
+        if only:
+            unknown = [r for r in only if r not in self.rows]
+            if unknown:
+                raise ValueError(f"--only {unknown[0]!r} is not a row of {self.name}; rows: {', '.join(self.rows)}")
+        points = [tuple(zip(self.grid, values)) for values in itertools.product(*self.grid.values())]
+        row_order = list(self.rows)
+        specs = []
+        for p, point in enumerate(points):
+            for seed in self.seeds:
+                for r, row in enumerate(row_order):
+                    if only and row not in only:
+                        continue
+                    extra = dict(self.rows[row])
+                    config = str(extra.pop("config", self.config))
+                    name = "-".join([row, *(f"{k.split('.')[-1]}{v}" for k, v in point), f"seed{seed}"])
+                    values = {**self.overrides, **extra, **dict(point), "seed": seed, "name": name}
+                    overrides = tuple(f"{k}={_yaml_scalar(v)}" for k, v in values.items())
+                    key = (row not in self.first, p, seed, self.first.index(row) if row in self.first else r)
+                    specs.append((key, RunSpec(name, row, config, overrides, point, seed)))
+        return [spec for _, spec in sorted(specs, key=lambda item: item[0])]
+
+
+def _yaml_scalar(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def load_sweep(name_or_path: str) -> Sweep:
+    """A sweep file by path or by name in ``configs/sweeps/``; bad fields fail naming the field."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = SWEEP_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
+    if not path.is_file():
+        known = sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+        raise ValueError(f"sweep {name_or_path!r} not found; give a YAML path or one of: {', '.join(known)}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides"}
+    if not isinstance(spec, dict) or not set(spec) <= allowed:
+        extra = sorted(set(spec) - allowed) if isinstance(spec, dict) else ["(not a mapping)"]
+        raise ValueError(f"{path}: unknown sweep field {extra[0]}; allowed fields: {', '.join(sorted(allowed))}")
+    rows = spec.get("rows") or {"default": {}}
+    if not isinstance(rows, dict) or not all(isinstance(v, dict) for v in rows.values()):
+        raise ValueError(f"{path}: rows must map names to override mappings, e.g. {{hyla: {{model.attention: hyla}}}}")
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ValueError(f"{path}: grid must map keys to non-empty lists, e.g. {{train.lr: [0.001, 0.003]}}")
+    seeds = spec.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"{path}: seeds must be a non-empty list of integers, got {seeds!r}")
+    first = spec.get("first") or []
+    if not isinstance(first, list) or any(r not in rows for r in first):
+        raise ValueError(f"{path}: first must list row names among: {', '.join(rows)}")
+    sweep = Sweep(
+        name=str(spec.get("name") or path.stem),
+        config=str(spec.get("config") or "fuzzy_logic"),
+        rows={str(k): v for k, v in rows.items()},
+        grid=grid,
+        seeds=seeds,
+        first=first,
+        overrides=spec.get("overrides") or {},
+        path=path,
+    )
+    for run in sweep.runs():  # every run's config must be valid before anything trains
+        try:
+            load_config(run.config, list(run.overrides))
+        except ValueError as err:
+            raise ValueError(f"{path}: run {run.name}: {err}") from err
+    return sweep
+
+
+# ------------------------------------------------------------------------------ run states
+def run_state(out: Path) -> str:
+    """``done`` (its final evaluation is written), ``stopped`` (a checkpoint to resume) or ``new``."""
+    from hyla.train.checkpoint import latest_checkpoint
+
+    if (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file():
+        steps = yaml.safe_load((out / "config.yaml").read_text())["train"]["steps"]
+        for line in (out / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
+                return "done"
+    return "stopped" if latest_checkpoint(out) is not None else "new"
+
+
+def last_step(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+    return max(steps, default=0)

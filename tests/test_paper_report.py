@@ -1,0 +1,71 @@
+"""`hyla report --paper`: selection by in-distribution validation, agreement with the paper, rows not run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from hyla.analysis.paper_report import agreement, paper_report, paper_value
+from hyla.cli import main
+from hyla.train.config import dump_config, load_config
+from hyla.train.sweepfile import load_sweep
+
+
+def fake_record(root: Path, spec, test: float, ood: float, steps: int = 10) -> None:
+    """A finished run's record: its resolved config and a final evaluation with these R^2 values."""
+    run = root / spec.name
+    run.mkdir(parents=True)
+    cfg = load_config(spec.config, [*spec.overrides, f"train.steps={steps}"])
+    (run / "config.yaml").write_text(dump_config(cfg))
+    rows = [{"step": steps, "split": s, "r2": v, "loss": 0.1} for s, v in (("test", test), ("ood", ood))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    made = {"commit": "abc1234", "machine": "m", "device": "cpu", "date": "d", "wall_s": 60.0, "stacked_with": 1}
+    (run / "made_by.jsonl").write_text(json.dumps(made) + "\n")
+
+
+def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Path) -> None:
+    sweep_file = tmp_path / "table_a1_tiny.yaml"
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "table_a1_tiny",
+                "config": "fuzzy_logic",
+                "rows": {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}},
+                "grid": {"train.lr": [0.001, 0.003]},
+                "seeds": [0, 1, 2],
+            }
+        )
+    )
+    sweep = load_sweep(str(sweep_file))
+    records = tmp_path / "sweeps" / "table_a1_tiny"
+    for spec in sweep.runs(["hyla"]):
+        better_id = dict(spec.point)["train.lr"] == 0.003  # higher test R^2, lower OOD R^2
+        fake_record(records, spec, test=0.95 if better_id else 0.90, ood=0.70 + 0.01 * spec.seed if better_id else 0.85)
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json")
+    hyla_row = next(line for line in text.splitlines() if line.startswith("| hyla | 3 |"))
+    cells = [c.strip() for c in hyla_row.split("|")[1:-1]]
+    assert cells[2] == "0.003" and cells[3] == "95.00 +- 0.00" and cells[4] == "71.00 +- 0.58"
+    assert cells[5] == "81.13 +- 7.77" and cells[6] == "yes (-10.1)"  # 2 combined s.e. = 15.6
+    assert "| linear | 0 | not run yet | - | - | 59.89 +- 5.22 | - |" in text
+    assert "| hyla | 0.001 | 3/3 | 90.00 +- 0.00 | 85.00 +- 0.00 |" in text
+    assert "Commits: abc1234." in text and "wall time so far: 0.10 h" in text
+    assert (tmp_path / "out" / "paper" / "table_a1_tiny_ood.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Not run yet (`benchmarks/authors_side_by_side.sh`)" in text
+
+
+def test_agreement_and_paper_values() -> None:
+    assert paper_value("hyla", "fuzzy_logic") == (81.13, 7.77) and paper_value("hyla_moe", "sraven") == (66.94, 3.94)
+    assert paper_value("hyla_silu", "fuzzy_logic") is None
+    assert agreement((60.0, 1.0), (63.28, 2.31), 3).startswith("yes")
+    assert agreement((50.0, 1.0), (63.28, 2.31), 3) == "no (-13.3)"
+    assert agreement((50.0, float("nan")), (63.28, 2.31), 1) == "n/a (1 seed)"
+
+
+def test_report_paper_cli_on_empty_records(tmp_path: Path) -> None:
+    assert main(["report", "--paper", "--out", str(tmp_path), "--sweep-root", str(tmp_path / "none")]) == 0
+    text = (tmp_path / "paper.md").read_text()
+    assert "## table_a1_fuzzy" in text and "## table_a1_sraven" in text and "## fig2c_fuzzy" in text
+    assert "0 of 144 runs finished" in text
+    assert main(["report", "--out", str(tmp_path)]) == 2

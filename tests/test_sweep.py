@@ -1,0 +1,222 @@
+"""`hyla sweep`: order and names, records, stop and continue, finished runs left alone, dry run, commands."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hyla import sweep as sweep_module
+from hyla.cli import main
+from hyla.train.sweepfile import load_sweep, run_state
+from tiny import tiny_overrides
+
+
+def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], extra: dict | None = None) -> Path:
+    overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2))
+    spec = {
+        "name": "tiny",
+        "config": "fuzzy_logic",
+        "rows": rows,
+        "grid": grid,
+        "seeds": seeds,
+        # the paper config's split (follows the seed) and dropout: runs train one by one unless extra says otherwise
+        "overrides": {
+            k: yaml.safe_load(v)
+            for k, v in {
+                **overrides,
+                "data.split_seed": "null",
+                "model.attention_dropout": "0.1",
+                **(extra or {}),
+            }.items()
+        },
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def records(root: Path) -> dict[str, tuple[str, str]]:
+    return {
+        run.name: ((run / "config.yaml").read_text(), (run / "metrics.jsonl").read_text())
+        for run in sorted(root.iterdir())
+        if (run / "config.yaml").is_file()
+    }
+
+
+def test_runs_are_ordered_named_and_valid(tmp_path: Path) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={"train.lr": [0.001, 0.003]},
+        seeds=[0, 1],
+    )
+    spec = yaml.safe_load(path.read_text())
+    spec["first"] = ["hyla"]
+    path.write_text(yaml.safe_dump(spec))
+    runs = load_sweep(str(path)).runs()
+    assert [r.name for r in runs[:4]] == [
+        "hyla-lr0.001-seed0",
+        "hyla-lr0.001-seed1",
+        "hyla-lr0.003-seed0",
+        "hyla-lr0.003-seed1",
+    ]
+    assert len(runs) == 8 and len({r.name for r in runs}) == 8
+    assert "model.attention=softmax" in runs[4].overrides and "seed=0" in runs[4].overrides
+    assert [r.name for r in load_sweep(str(path)).runs(["softmax"])][:1] == ["softmax-lr0.001-seed0"]
+
+
+def test_every_paper_sweep_file_loads() -> None:
+    counts = {name: len(load_sweep(name).runs()) for name in ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")}
+    assert counts == {"table_a1_fuzzy": 12 * 4 * 3, "table_a1_sraven": 12 * 4 * 3, "fig2c_fuzzy": 3 * 12 * 3}
+    first = load_sweep("table_a1_fuzzy").runs()[:9]
+    assert {r.row for r in first} == {"softmax", "linear", "hyla"}
+    assert all(dict(r.point) == {"train.lr": 0.001, "train.weight_decay": 0.1} for r in first)
+
+
+def test_bad_sweeps_fail_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    assert main(["sweep", str(path), "--only", "nope", "--dry-run"]) == 2
+    assert "--only 'nope' is not a row of tiny; rows: hyla" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nrowz: {}\n")
+    assert main(["sweep", str(bad), "--dry-run"]) == 2
+    assert "unknown sweep field rowz" in capsys.readouterr().err
+    bad.write_text("name: x\nrows: {a: {model.attention: nope}}\n")
+    assert main(["sweep", str(bad), "--dry-run"]) == 2
+    assert "run a-seed0" in capsys.readouterr().err
+
+
+def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={"train.lr": [0.001]},
+        seeds=[0, 1],
+    )
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(["sweep", str(path), "--root", str(whole)]) == 0
+    assert "4 runs finished now, 0 left" in capsys.readouterr().out
+
+    # a fake clock, one second per reading: --max-minutes 0.1 leaves 6 - 0.6 (margin: a tenth) = 5.4 s, i.e.
+    # the first run stops a few steps in, with a checkpoint
+    clock = itertools.count()
+    monkeypatch.setattr(sweep_module.time, "monotonic", lambda: float(next(clock)))
+    assert main(["sweep", str(path), "--root", str(parts), "--max-minutes", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "time budget reached" in out and "0 runs finished now, 4 left" in out
+    states = {run.name: run_state(parts / "tiny" / run.name) for run in load_sweep(str(path)).runs()}
+    assert sorted(states.values()) == ["new", "new", "new", "stopped"]
+    monkeypatch.undo()
+
+    assert main(["sweep", str(path), "--root", str(parts)]) == 0
+    assert "4 runs finished now, 0 left" in capsys.readouterr().out
+    assert records(parts / "tiny") == records(whole / "tiny")
+    made = [json.loads(line) for line in (parts / "tiny" / "softmax-lr0.001-seed0" / "made_by.jsonl").open()]
+    assert [(m["from_step"], m["to_step"]) for m in made][-1][1] == 8 and len(made) == 2
+    assert {"commit", "machine", "device", "date", "wall_s"} <= set(made[0])
+
+    # finished runs are never rerun
+    before = {p: p.stat().st_mtime_ns for p in (parts / "tiny").glob("*/metrics.jsonl")}
+    assert main(["sweep", str(path), "--root", str(parts)]) == 0
+    assert "all 4 runs are done" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"hyla": {"model.attention": "hyla"}},
+        grid={"train.lr": [0.001, 0.003]},
+        seeds=[0],
+        extra={"model.attention_dropout": "0.0", "data.split_seed": "0"},
+    )
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    assert "2 runs finished now" in capsys.readouterr().out
+    made = json.loads((tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0" / "made_by.jsonl").read_text())
+    assert made["stacked_with"] == 2
+    assert run_state(tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0") == "done"
+
+
+def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={},
+        seeds=[0],
+    )
+    root = tmp_path / "r"
+    assert main(["sweep", str(path), "--root", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: 2 runs, 0 done, 2 to train (cpu)" in out
+    assert "softmax-seed0: new at step 0, about" in out and "hyla-seed0: new at step 0, about" in out
+    assert not root.exists()
+
+    assert main(["sweep", str(path), "--root", str(root), "--emit-commands"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 2 and all(c.startswith("hyla train fuzzy_logic ") for c in commands)
+    # an emitted command trains exactly the run the sweep would
+    assert main(shlex.split(commands[1])[1:]) == 0
+    capsys.readouterr()
+    assert run_state(root / "tiny" / "hyla-seed0") == "done"
+    assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
+    assert records(root / "tiny")["hyla-seed0"] == records(tmp_path / "ref" / "tiny")["hyla-seed0"]
+    assert main(["sweep", str(path), "--root", str(root), "--dry-run"]) == 0
+    assert "hyla-seed0: done" in capsys.readouterr().out
+
+
+def test_submitit_local_launcher_trains_the_pending_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("submitit")
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1])
+    root = tmp_path / "r"
+    assert main(["sweep", str(path), "--root", str(root), "--launcher", "submitit-local"]) == 0
+    assert "submitted 2 runs (submitit-local)" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
+    assert records(root / "tiny") == records(tmp_path / "ref" / "tiny")
+
+
+def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> None:
+    """benchmarks/gpu_paper.sh, as a device call would run it, with tiny sweeps on the CPU: each call
+    stops within its budget and the next continues, until every run is done."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    files = {}
+    for task in ("fuzzy_logic", "sraven"):
+        rows = {p: {"model.attention": p} for p in ("softmax", "linear", "hyla")}
+        (tmp_path / task).mkdir()
+        path = write_sweep(tmp_path / task, rows=rows, grid={}, seeds=[0])
+        spec = yaml.safe_load(path.read_text())
+        spec.update(name=f"tiny_{task}", config=task)
+        path.write_text(yaml.safe_dump(spec))
+        files[task] = path
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "MINUTES": "2",
+        "ROOT": str(tmp_path / "records"),
+        "FUZZY": str(files["fuzzy_logic"]),
+        "SRAVEN": str(files["sraven"]),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(repo / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_paper.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "== stage 1-fuzzy" in done.stdout and "== stage 3-sraven-rest" in done.stdout
+    assert "all done" in done.stdout, done.stdout
+    for task in ("fuzzy_logic", "sraven"):
+        for row in ("softmax", "linear", "hyla"):
+            assert run_state(tmp_path / "records" / f"tiny_{task}" / f"{row}-seed0") == "done"
+    again = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_paper.sh")], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "all done" in again.stdout and "all 3 runs are done" in again.stdout
