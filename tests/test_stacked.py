@@ -17,6 +17,7 @@ from hyla.cli import main
 from hyla.train import loop as loop_module
 from hyla.train import stacked as stacked_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
+from hyla.train.cli import stacked_configs
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import StepGraph, compile_mode, uses_cudagraphs
 from hyla.train.loop import Interrupted, NonFiniteLossError
@@ -26,7 +27,6 @@ from hyla.train.stacked import (
     StackedTrainer,
     stack_forward_mode,
     stack_groups,
-    stacked_configs,
 )
 from tiny import sigterm_after_step, tiny_overrides
 

@@ -10,7 +10,7 @@ from hyla.runtime import tune_cpu_allocator
 
 #: subcommand -> module providing ``register(subparsers)``; imported lazily so ``hyla --help`` is fast
 SUBCOMMANDS: dict[str, str] = {
-    "demo": "hyla.train.demo",
+    "demo": "hyla.demo",
     "train": "hyla.train.cli",
     "sweep": "hyla.sweep",
     "data": "hyla.export",

@@ -201,6 +201,7 @@ def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list
 # ------------------------------------------------------------------------------ command line
 def run(args: argparse.Namespace) -> int:
     from hyla.train.checkpoint import CheckpointError
+    from hyla.train.cli import failure_exit_code
     from hyla.train.loop import Interrupted, NonFiniteLossError
 
     t_start = time.monotonic()
@@ -252,15 +253,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{sweep.name}: {len(pending)} of {len(specs)} runs to train into {root}", flush=True)
     try:
         finished = train_runs(pending, root, device=args.device, deadline=deadline, quiet=not args.progress)
-    except (ValueError, CheckpointError) as err:
-        print(f"hyla sweep: error: {err}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as err:
-        print(f"hyla sweep: error: {err}", file=sys.stderr)
-        return 3
-    except Interrupted as err:
-        print(f"hyla sweep: {err} received; checkpoints saved, run the same command to continue", file=sys.stderr)
-        return 128 + err.signum
+    except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
+        return failure_exit_code("hyla sweep", err, "(checkpoints saved); run the same command to continue")
     left = len(pending) - len(finished)
     print(
         f"{sweep.name}: {len(finished)} runs finished now, {left} left"

@@ -21,13 +21,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from hyla.tasks.sraven import SRaven
+
+class SRaven(Protocol):
+    """What the checker needs of :class:`hyla.tasks.sraven.SRaven` (a protocol: sraven imports this module)."""
+
+    grid_size: int
+    num_features: int
+    num_values: int
+    rule_ids: Tensor
+
+    def sample_problems(self, batch_size: int, split: str, generator: torch.Generator) -> dict[str, Tensor]: ...
+
 
 _MAX_READINGS = 200_000
 

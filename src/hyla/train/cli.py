@@ -1,52 +1,134 @@
-"""``hyla train CONFIG [key=value ...] --out DIR``: also runs under ``torchrun`` for DDP."""
+"""``hyla train CONFIG [key=value ...] --out DIR``: one run, or several (``--seeds``, ``--sweep``).
+
+Expansion of seeds and sweep files, grouping into stacks, the choice of trainer (the lone
+:class:`~hyla.train.loop.Trainer` or the :class:`~hyla.train.stacked.StackedTrainer`) and the exit
+codes live here: 2 bad input, 3 non-finite loss, 128 + signal when stopped by one. Also runs under
+``torchrun`` for DDP (lone runs).
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
+from typing import Any
 
 from hyla.train.checkpoint import CheckpointError
+from hyla.train.config import ExperimentConfig, load_config
+
+
+def _sweep_entries(path: str) -> list[dict[str, Any]]:
+    """Override sets of a sweep file: ``runs: [{key: value, ...}, ...]`` and/or ``grid: {key: [values]}``
+    (the cartesian product); both given: every run entry combined with every grid point."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"--sweep {path}: cannot read it ({err})") from err
+    if not isinstance(spec, dict) or not set(spec) <= {"runs", "grid"} or not spec:
+        raise ValueError(f"--sweep {path}: expected a mapping with 'runs' (a list of override mappings) and/or 'grid'")
+    runs = spec.get("runs", [{}])
+    if not isinstance(runs, list) or not runs or not all(isinstance(e, dict) for e in runs):
+        raise ValueError(f"--sweep {path}: 'runs' must be a non-empty list of mappings like {{train.lr: 3e-4}}")
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ValueError(f"--sweep {path}: 'grid' must map keys to non-empty lists, e.g. {{train.lr: [1e-3, 3e-4]}}")
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return [{**run, **point} for run in runs for point in points]
+
+
+def stacked_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
+    """Configs and run directories for ``--seeds`` / ``--sweep``: ``OUT/seed0``, ``OUT/lr0.003``, ..."""
+    sets: list[tuple[str, list[str]]] = [("", [])]
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise ValueError(f"--seeds must list distinct integers, got {args.seeds!r}")
+        sets = [(f"seed{s}", [f"seed={s}"]) for s in seeds]
+    if args.sweep:
+        entries = _sweep_entries(args.sweep)
+        sets = [
+            (
+                "_".join(x for x in (name, "_".join(f"{k.split('.')[-1]}{v}" for k, v in e.items())) if x),
+                [*overrides, *(f"{k}={v}" for k, v in e.items())],
+            )
+            for name, overrides in sets
+            for e in entries
+        ]
+    names = [name for name, _ in sets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--sweep: two runs would share a directory name ({names}); make the entries distinct")
+    cfgs, outs = [], []
+    for name, overrides in sets:
+        cfg = load_config(args.config, [*args.overrides, *overrides])
+        cfg.name = f"{cfg.name}_{name}" if name else cfg.name
+        cfgs.append(cfg)
+        outs.append(Path(args.out) / name if name else Path(args.out))
+    return cfgs, outs
+
+
+def failure_exit_code(command: str, err: Exception, interrupted_note: str) -> int:
+    """Say why a training command stopped; its exit code: 2 bad input, 3 non-finite loss, 128 + signal."""
+    from hyla.train.loop import Interrupted, NonFiniteLossError
+
+    if isinstance(err, Interrupted):
+        print(f"{command}: {err} received {interrupted_note}", file=sys.stderr)
+        return 128 + err.signum
+    print(f"{command}: error: {err}", file=sys.stderr)
+    return 3 if isinstance(err, NonFiniteLossError) else 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from hyla.train.config import load_config
+    """Train every group of runs in turn (one group for a lone run)."""
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
+    from hyla.train.stacked import STACKABLE_KEYS, StackedTrainer, not_stackable_reason, stack_groups
 
-    if args.seeds or args.sweep:  # several runs stacked in one process: hyla.train.stacked
-        from hyla.train.stacked import run_cli
-
-        return run_cli(args)
-
+    several = bool(args.seeds or args.sweep)
     try:
-        cfg = load_config(args.config, args.overrides)
-        trainer = Trainer(
-            cfg,
-            Path(args.out),
-            device=args.device,
-            resume=args.resume,
-            stop_at_step=args.stop_at_step,
-            quiet=args.quiet,
-        )
-    except (ValueError, CheckpointError) as err:
+        if several:
+            cfgs, outs = stacked_configs(args)
+            groups = stack_groups(cfgs)
+        else:
+            cfgs, outs, groups = [load_config(args.config, args.overrides)], [Path(args.out)], [[0]]
+    except ValueError as err:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 2
-    try:
-        results = trainer.run()
-    except NonFiniteLossError as err:
-        print(f"hyla train: error: {err}", file=sys.stderr)
-        return 3
-    except Interrupted as err:
-        print(
-            f"hyla train: {err} received at step {trainer.step}; checkpoint saved, resume with --resume",
-            file=sys.stderr,
-        )
-        return 128 + err.signum
-    finally:
-        trainer.close()
-    if results and trainer.dist.is_main and not args.quiet:
+    if len(groups) > 1:
+        reasons = sorted({reason for cfg in cfgs if (reason := not_stackable_reason(cfg))})
+        why = "; ".join(reasons) or f"they differ in more than {', '.join(STACKABLE_KEYS)}"
+        print(f"{len(cfgs)} runs in {len(groups)} groups trained one after another ({why})", flush=True)
+    for group in groups:
+        g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
+        common = {"device": args.device, "resume": args.resume, "stop_at_step": args.stop_at_step, "quiet": args.quiet}
+        trainer: StackedTrainer | Trainer | None = None
+        try:
+            if not several or (len(group) == 1 and not_stackable_reason(g_cfgs[0])):
+                trainer = Trainer(g_cfgs[0], g_outs[0], **common)
+                results = [trainer.run()]
+            else:
+                trainer = StackedTrainer(g_cfgs, g_outs, **common)
+                results = trainer.run()
+        except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
+            saved = "checkpoints saved" if several else "checkpoint saved"
+            note = f"at step {trainer.step if trainer else 0}; {saved}, resume with --resume"
+            return failure_exit_code("hyla train", err, note)
+        finally:
+            if trainer is not None:
+                trainer.close()
+        if trainer.step < g_cfgs[0].train.steps:  # --stop-at-step
+            continue
         metric = trainer.task.primary_metric
-        print("final " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in results.items()))
+        if not several:
+            if results[0] and trainer.dist.is_main and not args.quiet:  # type: ignore[union-attr]
+                print("final " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in results[0].items()))
+            continue
+        for out, res in zip(g_outs, results):
+            print(f"{out}: " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in res.items()))
     return 0
 
 

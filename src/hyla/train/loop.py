@@ -8,7 +8,6 @@ function of the step alone (timing goes only to the progress bar and TensorBoard
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -33,9 +32,10 @@ from hyla.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hyla.train.config import ExperimentConfig, _merge, dump_config
+from hyla.train.config import ExperimentConfig, _merge
 from hyla.train.fast import WholeStepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.optim import build_optimizer, lr_at
+from hyla.train.rundir import append_metrics, check_new_or_resumable, truncate_metrics_after, write_config
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = (
@@ -292,24 +292,14 @@ class Trainer:
 
     # ----------------------------------------------------------------- run directory and resume
     def _prepare_run_dir(self, resume: bool) -> None:
-        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
-        if resume:
-            if ckpt is None:
-                raise CheckpointError(
-                    f"--resume: no checkpoint in {self.run_dir} (expected {self.run_dir}/checkpoints/latest); "
-                    "drop --resume to start a new run"
-                )
+        ckpt = check_new_or_resumable(self.run_dir, resume)
+        if ckpt is not None:
             self._restore(load_checkpoint(ckpt))
-        elif ckpt is not None or (self.run_dir / "metrics.jsonl").exists():
-            raise CheckpointError(
-                f"{self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
-            )
         if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+            write_config(self.run_dir, self.cfg)
             if hasattr(self.task, "save_tokenizer"):
                 self.task.save_tokenizer(self.run_dir / "tokenizer.json")
-            self._truncate_metrics_after(self.step)
+            truncate_metrics_after(self.run_dir, self.step)
 
     def _restore(self, state: TrainingState) -> None:
         diffs = resume_differences(state.config, self.cfg)
@@ -333,16 +323,6 @@ class Trainer:
         if self.device.type == "cuda" and "torch_cuda" in state.rng:  # attention dropout draws from it
             torch.cuda.set_rng_state(state.rng["torch_cuda"].to(torch.uint8), self.device)
         self._acc = {k.removeprefix("acc_"): v.to(self.device) for k, v in state.rng.items() if k.startswith("acc_")}
-
-    def _truncate_metrics_after(self, step: int) -> None:
-        """Drop metric lines past the checkpoint (written after it by a run that was then interrupted)."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
 
     def save(self) -> None:
         rng = {"torch_cpu": torch.get_rng_state()}
@@ -375,9 +355,7 @@ class Trainer:
     def _log(self, step: int, split: str, values: dict[str, float]) -> None:
         if not self.dist.is_main:
             return
-        record = {"step": step, "split": split, **values}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_metrics(self.run_dir, step, split, values)
         if self.writer is not None:
             for k, v in values.items():
                 self.writer.add_scalar(f"{split}/{k}", v, step)

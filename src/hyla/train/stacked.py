@@ -31,13 +31,10 @@ A stacked run equals its lone run up to floating-point reordering (tests: losses
 
 from __future__ import annotations
 
-import argparse
 import copy
-import itertools
 import json
 import math
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -57,18 +54,17 @@ from hyla.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hyla.train.config import ExperimentConfig, dump_config, load_config
+from hyla.train.config import ExperimentConfig
 from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.loop import (
-    Interrupted,
     NonFiniteLossError,
-    Trainer,
     build_model,
     build_task,
     drive,
     resume_differences,
 )
 from hyla.train.optim import build_optimizer, decayed_parameter_names, lr_at
+from hyla.train.rundir import append_metrics, check_new_or_resumable, truncate_metrics_after, write_config
 
 #: config keys in which the runs of one stack may differ
 STACKABLE_KEYS = (
@@ -426,16 +422,12 @@ class StackedTrainer:
             self._restore()
         else:
             for run in self.runs:
-                if latest_checkpoint(run.out) is not None or (run.out / "metrics.jsonl").exists():
-                    raise CheckpointError(
-                        f"{run.out} already holds a run; pass --resume to continue it or choose another --out"
-                    )
+                check_new_or_resumable(run.out, resume=False)
         self._graph = StackedStepGraph(self) if graph_step else None
         from torch.utils.tensorboard import SummaryWriter
 
         for run in self.runs:
-            run.out.mkdir(parents=True, exist_ok=True)
-            (run.out / "config.yaml").write_text(dump_config(run.cfg))
+            write_config(run.out, run.cfg)
             run.writer = SummaryWriter(str(run.out / "tb"))
 
     @property
@@ -648,8 +640,7 @@ class StackedTrainer:
         return results
 
     def _log(self, run: _Run, split: str, values: dict[str, float]) -> None:
-        with open(run.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": self.step, "split": split, **values}) + "\n")
+        append_metrics(run.out, self.step, split, values)
         for k, v in values.items():
             run.writer.add_scalar(f"{split}/{k}", v, self.step)
 
@@ -789,7 +780,7 @@ class StackedTrainer:
                     acc.setdefault(k.removeprefix("acc_"), []).append(v.to(self.device, torch.float64))
             ns.add(float(state.rng["acc__n"]) if "acc__n" in state.rng else 0.0)
             steps.add(state.step)
-            self._truncate_metrics_after(run, state.step)
+            truncate_metrics_after(run.out, state.step)
         if len(steps) != 1 or len(ns) != 1:
             raise CheckpointError(
                 f"the stacked runs' checkpoints are at different steps {sorted(steps)}; resume them one by one"
@@ -800,128 +791,3 @@ class StackedTrainer:
             if any(len(v) != self.num_runs for v in acc.values()):
                 raise CheckpointError("the stacked runs' checkpoints hold different metric accumulators")
             self._acc_R = {k: torch.stack(v) for k, v in acc.items()}
-
-    @staticmethod
-    def _truncate_metrics_after(run: _Run, step: int) -> None:
-        path = run.out / "metrics.jsonl"
-        if not path.exists():
-            return
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep))
-        os.replace(tmp, path)
-
-
-# ------------------------------------------------------------------------------ command line
-def _sweep_entries(path: str) -> list[dict[str, Any]]:
-    """Override sets of a sweep file: ``runs: [{key: value, ...}, ...]`` and/or ``grid: {key: [values]}``
-    (the cartesian product); both given: every run entry combined with every grid point."""
-    import yaml
-
-    try:
-        spec = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"--sweep {path}: cannot read it ({err})") from err
-    if not isinstance(spec, dict) or not set(spec) <= {"runs", "grid"} or not spec:
-        raise ValueError(f"--sweep {path}: expected a mapping with 'runs' (a list of override mappings) and/or 'grid'")
-    runs = spec.get("runs", [{}])
-    if not isinstance(runs, list) or not runs or not all(isinstance(e, dict) for e in runs):
-        raise ValueError(f"--sweep {path}: 'runs' must be a non-empty list of mappings like {{train.lr: 3e-4}}")
-    grid = spec.get("grid", {})
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise ValueError(f"--sweep {path}: 'grid' must map keys to non-empty lists, e.g. {{train.lr: [1e-3, 3e-4]}}")
-    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    return [{**run, **point} for run in runs for point in points]
-
-
-def stacked_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
-    """Configs and run directories for ``--seeds`` / ``--sweep``: ``OUT/seed0``, ``OUT/lr0.003``, ..."""
-    sets: list[tuple[str, list[str]]] = [("", [])]
-    if args.seeds:
-        try:
-            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise ValueError(f"--seeds must list distinct integers, got {args.seeds!r}")
-        sets = [(f"seed{s}", [f"seed={s}"]) for s in seeds]
-    if args.sweep:
-        entries = _sweep_entries(args.sweep)
-        sets = [
-            (
-                "_".join(x for x in (name, "_".join(f"{k.split('.')[-1]}{v}" for k, v in e.items())) if x),
-                [*overrides, *(f"{k}={v}" for k, v in e.items())],
-            )
-            for name, overrides in sets
-            for e in entries
-        ]
-    names = [name for name, _ in sets]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--sweep: two runs would share a directory name ({names}); make the entries distinct")
-    cfgs, outs = [], []
-    for name, overrides in sets:
-        cfg = load_config(args.config, [*args.overrides, *overrides])
-        cfg.name = f"{cfg.name}_{name}" if name else cfg.name
-        cfgs.append(cfg)
-        outs.append(Path(args.out) / name if name else Path(args.out))
-    return cfgs, outs
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``hyla train CONFIG --seeds ... / --sweep ...``: every stackable group as one stack, in turn."""
-    try:
-        cfgs, outs = stacked_configs(args)
-        groups = stack_groups(cfgs)
-    except ValueError as err:
-        print(f"hyla train: error: {err}", file=sys.stderr)
-        return 2
-    if len(groups) > 1:
-        reasons = sorted({reason for cfg in cfgs if (reason := not_stackable_reason(cfg))})
-        why = "; ".join(reasons) or f"they differ in more than {', '.join(STACKABLE_KEYS)}"
-        print(f"{len(cfgs)} runs in {len(groups)} groups trained one after another ({why})", flush=True)
-    for group in groups:
-        g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
-        trainer: StackedTrainer | Trainer | None = None
-        try:
-            if len(group) == 1 and not_stackable_reason(g_cfgs[0]):
-                trainer = Trainer(
-                    g_cfgs[0],
-                    g_outs[0],
-                    device=args.device,
-                    resume=args.resume,
-                    stop_at_step=args.stop_at_step,
-                    quiet=args.quiet,
-                )
-                results = [trainer.run()]
-            else:
-                trainer = StackedTrainer(
-                    g_cfgs,
-                    g_outs,
-                    device=args.device,
-                    resume=args.resume,
-                    quiet=args.quiet,
-                    stop_at_step=args.stop_at_step,
-                )
-                results = trainer.run()
-        except (ValueError, CheckpointError) as err:
-            print(f"hyla train: error: {err}", file=sys.stderr)
-            return 2
-        except NonFiniteLossError as err:
-            print(f"hyla train: error: {err}", file=sys.stderr)
-            return 3
-        except Interrupted as err:
-            print(
-                f"hyla train: {err} received at step {trainer.step if trainer else 0}; checkpoints saved, "
-                "resume with --resume",
-                file=sys.stderr,
-            )
-            return 128 + err.signum
-        finally:
-            if trainer is not None:
-                trainer.close()
-        if trainer.step < g_cfgs[0].train.steps:  # --stop-at-step
-            continue
-        metric = trainer.task.primary_metric
-        for out, res in zip(g_outs, results):
-            print(f"{out}: " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in res.items()))
-    return 0

@@ -372,7 +372,7 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict, num_stages: 
     Fewer pipeline stages do not help: on an H100 the float32 forward needed the same 458,752 bytes with
     one stage as with Triton's default (the memory is the layout conversions' buffers, not the pipeline).
     """
-    from hyla.attention.kernels.op import FusedUnavailableError
+    from hyla.attention.kernels.errors import FusedUnavailableError
 
     stages = {} if num_stages is None else {"num_stages": num_stages}
     try:
@@ -458,7 +458,7 @@ def forward(
         **_meta(q_BxHxQxE, v_BxHxKxD, normalization, nonlinearity),
         num_warps=num_warps or FWD_TILES["num_warps"],
     )  # fmt: skip
-    from hyla.attention.kernels.op import FusedUnavailableError
+    from hyla.attention.kernels.errors import FusedUnavailableError
 
     stages = num_stages or FWD_TILES["num_stages"]
     key = (q_BxHxQxE.device, q_BxHxQxE.dtype, stages, *sorted(meta.items()))

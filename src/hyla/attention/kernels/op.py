@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from hyla.attention.config import AttentionConfig
+from hyla.attention.kernels.errors import FusedUnavailableError
 
 #: What the fused kernel covers (outside of it: ``fused_unsupported_reason`` names the cause).
 SUPPORTED_NORMALIZATIONS: tuple[str, ...] = ("rms_head", "none")
@@ -30,10 +31,6 @@ SUPPORTED_VALUE_NETWORKS: tuple[str, ...] = ("hyper",)
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEADS = 32
 MAX_HEAD_DIM = 128
-
-
-class FusedUnavailableError(NotImplementedError):
-    """``backend="fused"`` was asked for a case (device, dtype, variant, size) the kernel does not cover."""
 
 
 #: looked up once: ``torch.compile`` refuses to trace ``importlib.util.find_spec``

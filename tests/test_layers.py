@@ -1,0 +1,83 @@
+"""The import graph of ``src/hyla``: layered, no upward imports, no import loops (lazy imports included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+#: sub-package -> layer; a module may import only its own layer or lower ones. Top-level modules (cli,
+#: sweep, export, demo, __main__) form the last layer; the package's ``__init__`` re-exports attention.
+LAYERS = {"runtime": 0, "attention": 0, "tasks": 0, "models": 1, "train": 2, "analysis": 3, "bench": 3, "text": 3}
+TOP = 4
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if module == "hyla":
+        return 0
+    return LAYERS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The hyla modules ``path`` imports anywhere (``from pkg import sub`` counts as ``pkg.sub``);
+    imports under ``if TYPE_CHECKING`` do not run and are left out."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("hyla")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("hyla"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or {node.module}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in (SRC / "hyla").rglob("*.py")}
+    return {m: imports(p, set(files)) - {m} for m, p in files.items()}
+
+
+def test_no_upward_imports() -> None:
+    upward = sorted(f"{m} -> {t}" for m, ts in graph().items() for t in ts if layer(t) > layer(m))
+    assert not upward, "imports from a higher layer: " + ", ".join(upward)
+
+
+def test_no_import_loops() -> None:
+    edges = graph()
+
+    # a package's __init__ re-exporting its modules is not a loop; every other cycle is
+    def children(m: str) -> set[str]:
+        return {t for t in edges.get(m, ()) if not (t.startswith(m + ".") or m.startswith(t + "."))}
+
+    loops = []
+    for start in edges:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in children(node):
+                if nxt == start:
+                    loops.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not loops, "import loops: " + "; ".join(sorted(loops)[:5])
+
+
+def test_the_graph_sees_lazy_imports() -> None:
+    edges = graph()
+    assert "hyla.train.loop" in edges["hyla.analysis.latents"] | edges["hyla.text.generate"]
+    assert "hyla.attention.kernels.hyla_triton" in edges["hyla.attention.kernels.op"]  # imported inside functions
