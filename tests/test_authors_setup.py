@@ -18,9 +18,10 @@ from hyla.attention.position import RelativePositionBias
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
 from hyla.tasks import FuzzyLogic
+from hyla.train.build import build_model, build_task
 from hyla.train.checkpoint import latest_checkpoint
 from hyla.train.config import load_config
-from hyla.train.loop import build_model, build_task, resume_differences
+from hyla.train.loop import resume_differences
 from hyla.train.optim import build_optimizer, decayed_parameter_names, lr_at
 from hyla.train.stacked import stack_groups
 from tiny import tiny_overrides

@@ -79,5 +79,5 @@ def test_no_import_loops() -> None:
 
 def test_the_graph_sees_lazy_imports() -> None:
     edges = graph()
-    assert "hyla.train.loop" in edges["hyla.analysis.latents"] | edges["hyla.text.generate"]
+    assert "hyla.train.rundir" in edges["hyla.text.generate"]  # imported inside a function
     assert "hyla.attention.kernels.hyla_triton" in edges["hyla.attention.kernels.op"]  # imported inside functions

@@ -49,8 +49,8 @@ def _task_from_flags(args: argparse.Namespace) -> SRaven | FuzzyLogic:
 
 
 def _task_from_config(args: argparse.Namespace) -> SRaven | FuzzyLogic:
+    from hyla.train.build import build_task
     from hyla.train.config import load_config
-    from hyla.train.loop import build_task
 
     flags = SRAVEN_FLAGS if args.task == "sraven" else FUZZY_FLAGS
     given = [k for k in [*flags, "split_seed"] if getattr(args, k) not in (None, False)]

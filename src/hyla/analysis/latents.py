@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from hyla.tasks.sraven import RULE_NAMES
-from hyla.train.loop import load_trained
+from hyla.train.rundir import load_trained
 
 
 def sraven_pairs(perm_NxGxF: Tensor, num_features: int, grid_size: int = 3) -> tuple[Tensor, Tensor]:

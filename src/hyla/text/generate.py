@@ -8,7 +8,7 @@ import sys
 
 def run(args: argparse.Namespace) -> int:
     from hyla.models.lm import generate
-    from hyla.train.loop import load_trained
+    from hyla.train.rundir import load_trained
 
     try:
         cfg, task, model = load_trained(args.run)

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from hyla.models import Transformer, num_parameters
-from hyla.tasks.base import Task
+from hyla.models import num_parameters
+from hyla.train.build import build_model, build_task
 from hyla.train.checkpoint import (
     CheckpointError,
     TrainingState,
@@ -137,68 +137,6 @@ def drive(
         for s_, h in old_handlers.items():
             signal.signal(s_, h)
     return last
-
-
-# ------------------------------------------------------------------------------ building blocks
-def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
-    """The task of a config; for text, the tokenizer saved in ``run_dir`` is reused when present."""
-    from hyla.tasks import make_task
-
-    d = cfg.data
-    if d.task == "text":
-        from hyla.tasks.text import TextTask
-
-        return TextTask(d, None if run_dir is None else Path(run_dir) / "tokenizer.json")
-    if d.task == "sraven":
-        return make_task(
-            "sraven",
-            num_features=d.num_features,
-            num_values=d.num_values,
-            grid_size=d.grid_size,
-            holdout=d.holdout,
-            split_seed=cfg.split_seed,
-            unambiguous_only=d.unambiguous_only,
-        )
-    return make_task(
-        "fuzzy_logic",
-        num_variables=d.num_variables,
-        num_terms=d.num_terms,
-        num_examples=d.num_examples,
-        holdout=d.holdout,
-        split_seed=cfg.split_seed,
-        num_unseen_terms=d.num_unseen_terms,
-        split_style=d.split_style,
-    )
-
-
-def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
-    m = cfg.model
-    if cfg.data.task == "text":
-        m.input_dim, m.vocab_size, m.output_dim = None, task.vocab_size, task.vocab_size  # type: ignore[attr-defined]
-        m.causal = True
-    else:
-        m.input_dim, m.output_dim, m.vocab_size = task.input_dim, task.output_dim, None
-    if m.relative_position:
-        m.relative_position_buckets = m.relative_position_max_distance = task.seq_len
-    torch.manual_seed(cfg.seed)
-    return Transformer(m)
-
-
-def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
-    """(config, task, model in eval mode) of a run directory, weights from its latest checkpoint."""
-    from hyla.train.config import load_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = load_config(str(run_dir / "config.yaml"))
-    task = build_task(cfg, run_dir)
-    model = build_model(cfg, task)
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ValueError(f"{run_dir} has no checkpoint")
-    model.load_state_dict(load_checkpoint(ckpt).model)
-    return cfg, task, model.eval()
 
 
 @dataclass

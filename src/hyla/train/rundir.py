@@ -1,4 +1,5 @@
-"""The run directory's one owner: refuse or resume, ``config.yaml``, ``metrics.jsonl`` (append, truncate).
+"""The run directory's one owner: refuse or resume, ``config.yaml``, ``metrics.jsonl`` (append, truncate),
+loading a trained run for analysis and generation.
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one ``{"step", "split", ...}`` line
 per record), ``tb/`` (TensorBoard), ``checkpoints/`` (:mod:`hyla.train.checkpoint`). The lone and
@@ -12,8 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint
-from hyla.train.config import ExperimentConfig, dump_config
+from hyla.models import Transformer
+from hyla.tasks.base import Task
+from hyla.train.build import build_model, build_task
+from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.config import ExperimentConfig, dump_config, load_config
 
 METRICS = "metrics.jsonl"
 
@@ -50,3 +54,18 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     os.replace(tmp, path)
+
+
+def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
+    """(config, task, model in eval mode) of a run directory, weights from its latest checkpoint."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = load_config(str(run_dir / "config.yaml"))
+    task = build_task(cfg, run_dir)
+    model = build_model(cfg, task)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir} has no checkpoint")
+    model.load_state_dict(load_checkpoint(ckpt).model)
+    return cfg, task, model.eval()
