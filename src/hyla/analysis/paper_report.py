@@ -5,7 +5,8 @@ it, the wall time, and per row our final OOD metric (mean +- s.e. over the finis
 point its in-distribution validation metric (split ``test``, final evaluation) chose, beside the
 paper's value, whether they agree within two standard errors, and every grid point. Rows not run yet
 say so. One figure per sweep: OOD against training step, one colour per row. The side-by-side short
-comparison with the authors' code (``results/side_by_side/curves.json``) follows as a table.
+comparison with the authors' code (``results/side_by_side/curves.json``) follows as a table, then the
+hand-written findings of ``results/paper_findings.md`` (what we found where we disagree).
 """
 
 from __future__ import annotations
@@ -222,6 +223,9 @@ def paper_report(out: Path, root: Path, sweeps: list[str] | None = None, side_by
     for name in sweeps or list(PAPER_SWEEPS):
         parts.append(sweep_section(load_sweep(name), root, figures))
     parts.append(side_by_side_section(side_by_side or out / "side_by_side" / "curves.json"))
+    findings = out / "paper_findings.md"  # hand-written: what we found where we disagree, kept beside the numbers
+    if findings.is_file():
+        parts.append(findings.read_text())
     text = "\n".join(parts)
     (out / "paper.md").write_text(text)
     return text
