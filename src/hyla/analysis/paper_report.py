@@ -174,12 +174,17 @@ def side_by_side_section(path: Path) -> str:
     if not path.is_file():
         return "## Side by side with the authors' code\n\nNot run yet (`benchmarks/authors_side_by_side.sh`).\n"
     data = json.loads(path.read_text())
+    every = int(data.get("meta", {}).get("eval_every", 0))
+
+    def aligned(step: int) -> int:  # the authors' code logs the evaluation after update k as step k + 1
+        return step - 1 if every and step % every == 1 else step
+
     groups: dict[tuple[str, str, str], dict[int, list[float]]] = {}
     for run in data["runs"]:
         key = (run["code"], run["setup"], run["variant"])
         for point in run["curve"]:
             if point["split"] == "ood":
-                groups.setdefault(key, {}).setdefault(point["step"], []).append(100 * point["r2"])
+                groups.setdefault(key, {}).setdefault(aligned(point["step"]), []).append(100 * point["r2"])
     steps = sorted({s for curve in groups.values() for s in curve})
     lines = [
         "## Side by side with the authors' code (short schedule)",
