@@ -89,6 +89,7 @@ def train_runs(
         resume = states[group[0]] == "stopped"
         g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
         start_steps = [last_step(o) for o in g_outs]
+        made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
         t0 = time.monotonic()
         trainer: Trainer | StackedTrainer
         if len(group) == 1 and (resume or not_stackable_reason(g_cfgs[0]) or device != "cuda"):
@@ -100,10 +101,11 @@ def train_runs(
             trainer.run()
         finally:
             trainer.close()
-            made = provenance(device)
+            ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             for out, first in zip(g_outs, start_steps):
                 record = {
                     **made,
+                    "ended": ended,
                     "from_step": first,
                     "to_step": trainer.step,
                     "wall_s": round(time.monotonic() - t0, 1),

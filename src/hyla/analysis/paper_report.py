@@ -131,15 +131,13 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
                 candidates.append((test[0], point, specs, ood, len(ood_values)))
         paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
         if not candidates:
-            started = [
-                loaded[s.name] for (r, _), specs in by_point.items() if r == row for s in specs if s.name in loaded
-            ]
+            started = [loaded[s.name] for s in runs if s.row == row and s.name in loaded and loaded[s.name].metrics]
             status = "not run yet"
             if started:
-                furthest = max(started, key=lambda run: run.metrics[-1]["step"] if run.metrics else 0)
-                status = (
-                    f"in progress ({furthest.label}: step {furthest.metrics[-1]['step'] if furthest.metrics else 0})"
-                )
+                furthest = max(started, key=lambda run: run.metrics[-1]["step"])
+                last_ood = furthest.final("ood")
+                ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
+                status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
             table.append(f"| {row} | 0 | {status} | - | - | {_fmt(paper)} | - |")
             continue
         _, point, specs, ood, n = max(candidates, key=lambda c: c[0])

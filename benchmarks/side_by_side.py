@@ -1,0 +1,218 @@
+"""Collect the side-by-side fuzzy-logic curves (benchmarks/authors_side_by_side.sh) into one JSON file.
+
+Reads the authors' StandardLogger logs (``AUTHORS_LOGS/<variant>-seed<S>/event.log``) and our
+``OURS_RUNS/<setup>/<variant>-seed<S>/metrics.jsonl`` and writes ``results/side_by_side/curves.json``;
+prints a markdown table of mean +- standard error over seeds of r2 on our ``ood`` split per eval step.
+
+Split names are OURS throughout. The authors' eval split ``test`` (held-out pairs of the 12 seen terms) is
+our ``ood``; their ``ood`` (pairs of two of the 4 excluded terms) is our ``unseen_terms``; their ``train_*``
+line is the metrics of the training batch at that step (our ``train_batch``). Their steps are as logged:
+the number of updates made (evaluation at loop step k is logged as k + 1, so 1, 501, 1001 and the final
+1100); their numbers are printed with 4 decimals, so they are read back at that precision.
+
+Usage: .venv/bin/python benchmarks/side_by_side.py [--authors-logs DIR] [--ours-runs DIR] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+THEIR_SPLITS = {"test": "ood", "ood": "unseen_terms", "train": "train_batch"}
+LINE = re.compile(r"\]\s*step:\s*(\d+)\s*(.*)$")
+PAIR = re.compile(r"([A-Za-z0-9_]+):\s*(-?[0-9.]+(?:e[-+]?\d+)?|nan|-?inf)")
+RUN_DIR = re.compile(r"^(?P<variant>[a-z_]+)-seed(?P<seed>\d+)$")
+STACKED_DIR = re.compile(r"^(?P<variant>[a-z_]+)-stacked$")
+COMMANDS = [
+    "AUTHORS_CODE=/work/authors/code AUTHORS_VENV=/work/authors/venv benchmarks/authors_side_by_side.sh venv",
+    "benchmarks/authors_side_by_side.sh authors VARIANT SEED  # their run.py via a stub launcher, see the script",
+    "benchmarks/authors_side_by_side.sh ours SETUP VARIANT SEED  # hyla train fuzzy_logic ... --out DIR --quiet",
+    "benchmarks/authors_side_by_side.sh ours-stacked SETUP VARIANT 0,1,2  # hyla train ... --seeds 0,1,2",
+    ".venv/bin/python benchmarks/side_by_side.py",
+]
+
+
+def parse_authors_log(path: Path) -> list[dict[str, Any]]:
+    """Curve points from their event.log: one per (step, split) that has an r2."""
+    points: dict[tuple[int, str], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        m = LINE.search(line)
+        if not m:
+            continue
+        step = int(m.group(1))
+        for key, value in PAIR.findall(m.group(2)):
+            prefix, _, metric = key.partition("_")
+            split = THEIR_SPLITS.get(prefix)
+            if split is None or metric not in ("r2", "loss"):
+                continue
+            points.setdefault((step, split), {"step": step, "split": split})[metric] = float(value)
+    return [p for _, p in sorted(points.items()) if "r2" in p]
+
+
+def parse_ours(path: Path) -> list[dict[str, Any]]:
+    """Curve points from our metrics.jsonl (every split that has an r2)."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "r2" not in rec or "split" not in rec:
+            continue
+        point = {"step": int(rec["step"]), "split": rec["split"], "r2": float(rec["r2"])}
+        if "loss" in rec:
+            point["loss"] = float(rec["loss"])
+        out.append(point)
+    return out
+
+
+def _git(args: list[str]) -> str | None:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def authors_commit(code: Path, mirror: Path | None) -> str | None:
+    """Commit of their checkout: its own git, else the mirror it was archived from."""
+    found = _git(["-C", str(code), "rev-parse", "HEAD"])
+    if found is None and mirror is not None and mirror.exists():
+        found = _git(["--git-dir", str(mirror), "rev-parse", "HEAD"])
+    return found
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{platform.system()} {platform.release()}, {os.cpu_count()} CPU cores ({cpu}), no GPU"
+
+
+def collect(authors_logs: Path, ours_runs: Path, steps: int) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    if authors_logs.exists():
+        for d in sorted(authors_logs.iterdir()):
+            m = RUN_DIR.match(d.name)
+            log = d / "event.log"
+            if not m or not log.exists():
+                continue
+            curve = parse_authors_log(log)
+            runs.append(
+                {
+                    "code": "authors",
+                    "setup": "authors",
+                    "variant": m["variant"],
+                    "seed": int(m["seed"]),
+                    "complete": (d / "done").exists(),
+                    "curve": curve,
+                }
+            )
+    if ours_runs.exists():
+        for setup_dir in sorted(p for p in ours_runs.iterdir() if p.is_dir()):
+            found: list[tuple[str, int, Path, bool]] = []
+            for d in sorted(setup_dir.iterdir()):
+                m = RUN_DIR.match(d.name)
+                s = STACKED_DIR.match(d.name)
+                if m and (d / "metrics.jsonl").exists():
+                    found.append((m["variant"], int(m["seed"]), d / "metrics.jsonl", False))
+                elif s:  # --seeds 0,1,2: one stacked model, OUT/seedN/metrics.jsonl per seed
+                    for sub in sorted(d.glob("seed*/metrics.jsonl")):
+                        found.append((s["variant"], int(sub.parent.name[4:]), sub, True))
+            for variant, seed, metrics, stacked in found:
+                curve = parse_ours(metrics)
+                done = any(p["step"] == steps and p["split"] == "ood" for p in curve)
+                runs.append(
+                    {
+                        "code": "hyla",
+                        "setup": setup_dir.name,
+                        "variant": variant,
+                        "seed": seed,
+                        "stacked": stacked,
+                        "complete": done,
+                        "curve": curve,
+                    }
+                )
+    return runs
+
+
+def table(runs: list[dict[str, Any]], split: str, eval_every: int) -> str:
+    """Markdown: mean +- s.e. over seeds of r2 on `split` at each eval step, per (code, setup, variant).
+
+    The authors' periodic evaluations (logged at k * eval_every + 1) are listed at k * eval_every, k >= 1."""
+    groups: dict[tuple[str, str, str], dict[int, list[float]]] = {}
+    for run in runs:
+        key = (run["code"], run["setup"], run["variant"])
+        for p in run["curve"]:
+            if p["split"] == split:
+                step = p["step"]
+                if run["code"] == "authors" and step > 1 and (step - 1) % eval_every == 0:
+                    step -= 1
+                groups.setdefault(key, {}).setdefault(step, []).append(p["r2"])
+    lines = [f"| code | setup | variant | step: r2 on `{split}` (mean +- s.e., n seeds) |", "|---|---|---|---|"]
+    for (code, setup, variant), by_step in sorted(groups.items()):
+        cells = []
+        for step, vals in sorted(by_step.items()):
+            arr = np.asarray(vals, dtype=float)
+            se = float(arr.std(ddof=1) / math.sqrt(arr.size)) if arr.size > 1 else float("nan")
+            cells.append(f"{step}: {arr.mean():.3f} +- {se:.3f} (n={arr.size})")
+        lines.append(f"| {code} | {setup} | {variant} | " + "; ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def per_seed(runs: list[dict[str, Any]], split: str) -> str:
+    """Markdown: each run's r2 on `split` at each of its eval steps (steps as logged)."""
+    lines = [f"| code | setup | variant | seed | r2 on `{split}` at step (as logged) |", "|---|---|---|---|---|"]
+    for run in sorted(runs, key=lambda r: (r["code"], r["setup"], r["variant"], r["seed"])):
+        cells = [f"{p['step']}: {p['r2']:.4f}" for p in run["curve"] if p["split"] == split]
+        head = f"| {run['code']} | {run['setup']} | {run['variant']} | {run['seed']} | "
+        lines.append(head + "; ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--authors-logs", type=Path, default=REPO / "runs/side_by_side/authors")
+    ap.add_argument("--ours-runs", type=Path, default=REPO / "runs/side_by_side/hyla")
+    ap.add_argument("--authors-code", type=Path, default=Path(os.environ.get("AUTHORS_CODE", "/work/authors/code")))
+    ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "1100")))
+    ap.add_argument("--eval-every", type=int, default=int(os.environ.get("EVAL_EVERY", "500")))
+    ap.add_argument("--out", type=Path, default=REPO / "results/side_by_side/curves.json")
+    args = ap.parse_args()
+
+    runs = collect(args.authors_logs, args.ours_runs, args.steps)
+    meta = {
+        "commands": COMMANDS,
+        "machine": machine(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "authors_commit": authors_commit(args.authors_code, args.authors_mirror),
+        "hyla_commit": _git(["-C", str(REPO), "rev-parse", "HEAD"]),
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "splits": "ours: ood = held-out pairs of seen terms (their 'test'); unseen_terms = their 'ood'",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {args.out} ({len(runs)} runs)\n")
+    for split in ("ood", "unseen_terms"):
+        print(table(runs, split, args.eval_every) + "\n")
+    for split in ("ood", "unseen_terms"):
+        print(per_seed(runs, split) + "\n")
+
+
+if __name__ == "__main__":
+    main()
