@@ -72,7 +72,7 @@ def train_runs(
 ) -> list[str]:
     """Train ``specs`` (all not done) in stacks where possible; returns the names finished now."""
     from hyla.train.loop import Trainer
-    from hyla.train.stacked import StackedTrainer, not_stackable_reason, stack_groups
+    from hyla.train.stacked import StackedTrainer, stack_groups
 
     cfgs = [load_config(s.config, list(s.overrides)) for s in specs]
     outs = [root / s.name for s in specs]
@@ -92,7 +92,7 @@ def train_runs(
         made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
         t0 = time.monotonic()
         trainer: Trainer | StackedTrainer
-        if len(group) == 1 and (resume or not_stackable_reason(g_cfgs[0]) or device != "cuda"):
+        if len(group) == 1:
             trainer = Trainer(g_cfgs[0], g_outs[0], device=device, resume=resume, quiet=quiet, progress=not quiet)
         else:
             trainer = StackedTrainer(g_cfgs, g_outs, device=device, resume=resume, quiet=quiet)

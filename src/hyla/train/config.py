@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from hyla.models import TransformerConfig
+from hyla.tasks.fuzzy_logic import SPLIT_STYLES
 
 
 @dataclass
@@ -78,6 +79,10 @@ class TrainConfig:
 
 
 STACK_FORWARDS = ("auto", "vmap", "loop", "threads")
+#: ``train.weight_decay_mask`` values (hyla.train.optim.decayed_parameter_names says what each decays)
+WEIGHT_DECAY_MASKS: tuple[str, ...] = ("ndim", "authors")
+#: ``train.cosine_end`` values: the step at which the cosine reaches its floor (hyla.train.optim.lr_at)
+COSINE_ENDS: tuple[str, ...] = ("steps", "steps_minus_warmup")
 
 
 @dataclass
@@ -129,9 +134,9 @@ class ExperimentConfig:
         if not 0 <= t.final_lr_fraction <= 1:
             raise ValueError(f"train.final_lr_fraction must be in [0, 1], got {t.final_lr_fraction}")
         for key, value, allowed in (
-            ("train.weight_decay_mask", t.weight_decay_mask, ("ndim", "authors")),
-            ("train.cosine_end", t.cosine_end, ("steps", "steps_minus_warmup")),
-            ("data.split_style", self.data.split_style, ("cover", "authors")),
+            ("train.weight_decay_mask", t.weight_decay_mask, WEIGHT_DECAY_MASKS),
+            ("train.cosine_end", t.cosine_end, COSINE_ENDS),
+            ("data.split_style", self.data.split_style, SPLIT_STYLES),
         ):
             if value not in allowed:
                 raise ValueError(f"{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")

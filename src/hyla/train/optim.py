@@ -7,12 +7,8 @@ import math
 import torch
 from torch import nn
 
-from hyla.train.config import ExperimentConfig
+from hyla.train.config import WEIGHT_DECAY_MASKS, ExperimentConfig
 
-#: ``train.weight_decay_mask`` values: which parameters weight decay applies to
-WEIGHT_DECAY_MASKS: tuple[str, ...] = ("ndim", "authors")
-#: ``train.cosine_end`` values: the step at which the cosine reaches its floor
-COSINE_ENDS: tuple[str, ...] = ("steps", "steps_minus_warmup")
 _QKV_BIASES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
 
 
