@@ -24,7 +24,7 @@ from triton.testing import do_bench
 
 from hyla.attention import attention_preset
 from hyla.attention.functional import hypernetwork_attention
-from hyla.attention.kernels import hyla_triton
+from hyla.attention.kernels.triton import kernel as triton_kernel
 
 FWD_CONFIGS = [  # (block_q, block_k, block_d, num_warps, num_stages); None: Triton's default stages
     (16, 16, 64, 4, None),
@@ -58,9 +58,9 @@ def correctness(dtype: torch.dtype, device: str = "cuda", t: int = 300, h: int =
     bias = torch.randn(1, h, t, t, device=device, generator=gen).requires_grad_()
     mask = torch.ones(t, t, device=device, dtype=torch.bool).tril()[None, None]
     cfg = attention_preset("hyla")
-    y = hyla_triton.forward(q, k, v, bias, mask, cfg.normalization, cfg.nonlinearity, cfg.rms_eps)
+    y = triton_kernel.forward(q, k, v, bias, mask, cfg.normalization, cfg.nonlinearity, cfg.rms_eps)
     dy = torch.randn_like(y)
-    dq, dk, dv, db = hyla_triton.backward(
+    dq, dk, dv, db = triton_kernel.backward(
         dy, q, k, v, bias, mask, cfg.normalization, cfg.nonlinearity, cfg.rms_eps, True
     )
     ins = [x.detach().double().requires_grad_() for x in (q, k, v, bias)]
@@ -123,12 +123,12 @@ def main() -> None:
 
     bench("sdpa fwd | fwd+bwd", lambda: F.scaled_dot_product_attention(q, k, v), sdpa_fb)
 
-    def ref_fb() -> None:
+    def direct_fb() -> None:
         hypernetwork_attention(q, k, v, cfg)[0].backward(dy)
 
-    bench("reference fwd | fwd+bwd", lambda: hypernetwork_attention(q, k, v, cfg)[0], ref_fb)
-    fwd_kernel = partial(hyla_triton.forward, q, k, v, None, None, norm, phi, eps)
-    bwd_kernel = partial(hyla_triton.backward, dy, q, k, v, None, None, norm, phi, eps, False)
+    bench("direct fwd | fwd+bwd", lambda: hypernetwork_attention(q, k, v, cfg)[0], direct_fb)
+    fwd_kernel = partial(triton_kernel.forward, q, k, v, None, None, norm, phi, eps)
+    bwd_kernel = partial(triton_kernel.backward, dy, q, k, v, None, None, norm, phi, eps, False)
     for bq, bk, bd, w, st in FWD_CONFIGS:
         if time.perf_counter() - t_start > args.budget_s:
             print("budget spent; stopping the forward sweep", flush=True)

@@ -18,7 +18,7 @@ from hyla.attention.position import RelativePositionBias
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
 from hyla.tasks import FuzzyLogic
-from hyla.train.build import build_model, build_task
+from hyla.train.build import build_task, sized_config
 from hyla.train.checkpoint import latest_checkpoint
 from hyla.train.config import load_config
 from hyla.train.loop import resume_differences
@@ -249,5 +249,5 @@ def test_a_checkpoint_from_before_the_new_options_still_resumes(tmp_path: Path) 
     assert (run / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
     # a missing key reads as the option's default, so a run with another value is refused
     cfg = load_config("fuzzy_logic", [*overrides, "model.attention_dropout=0.1"])
-    build_model(cfg, build_task(cfg))  # fills in the task's sizes, as the trainer does before comparing
+    cfg = sized_config(cfg, build_task(cfg))  # the task's sizes filled in, as the trainer compares
     assert resume_differences(meta["config"], cfg) == ["model.attention_dropout: checkpoint has 0.0, now 0.1"]

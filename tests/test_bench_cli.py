@@ -30,7 +30,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
                 "--batch-size",
                 "8",
                 "--backend",
-                "explicit",
+                "manual_backward",
                 "--json",
                 str(step),
             ]
@@ -38,7 +38,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
         == 0
     )
     d = json.loads(step.read_text())
-    assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "explicit"
+    assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "manual_backward"
     assert all({"ms_per_step", "peak_mem_mb"} <= set(v) for v in d["variants"].values())
     data = tmp_path / "data.json"
     assert (
@@ -76,7 +76,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
                 "--repeats",
                 "1",
                 "--variants",
-                "hyla_reference,hyla_fused,sdpa_softmax",
+                "hyla_direct,hyla_fused,sdpa_softmax",
                 "--json",
                 str(att),
                 "--csv",
@@ -88,7 +88,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
         == 0
     )
     rows = {r["variant"]: r for r in json.loads(att.read_text())["rows"]}
-    assert rows["hyla_reference"]["status"] == "ok"
+    assert rows["hyla_direct"]["status"] == "ok"
     assert (
         rows["hyla_fused"]["status"]
         == "unavailable: CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter; slow, for testing)"
@@ -98,20 +98,20 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_bench_train_writes_lone_and_stacked_figures(tmp_path: Path) -> None:
     out = tmp_path / "train.json"
-    tiny = ["model.num_layers=1", "train.batch_size=8", "train.stack_forward=threads"]
+    tiny = ["model.num_layers=1", "train.batch_size=8", "train.stack_forward=loop"]
     args = ["bench", "train", "--task", "fuzzy_logic", "--variants", "softmax", "--seeds", "2", "--steps", "1"]
     args += ["--repeats", "2", "--warmup", "1", "--json", str(out), *(f"--override={o}" for o in tiny)]
-    args += ["--also-stack-forward", "loop"]
+    args += ["--also-stack-forward", "vmap"]
     assert main(args) == 0
     d = json.loads(out.read_text())
     r = d["variants"]["softmax"]
-    assert r["stack_forward"] == "threads" and len(r["lone_block_ms"]) == len(r["stacked_block_ms"]) == 2
+    assert r["stack_forward"] == "loop" and len(r["lone_block_ms"]) == len(r["stacked_block_ms"]) == 2
     assert r["stacked_cost_vs_one_run"] == pytest.approx(r["stacked_ms_per_step"] / r["lone_ms_per_step"])
     # the lone step is also timed on one core when there are at least as many runs as cores
-    assert ("lone_speedup_all_cores_vs_one" in r) == (torch.get_num_threads() <= 2)
-    assert "--override train.stack_forward=threads" in d["command"] and "--also-stack-forward loop" in d["command"]
-    loop = r["other_stack_forwards"]["loop"]
-    assert len(loop["stacked_block_ms"]) == 2 and loop["stacked_cost_vs_one_run"] > 0
+    assert ("lone_speedup_all_cores_vs_one" in r) == (1 < torch.get_num_threads() <= 2)
+    assert "--override train.stack_forward=loop" in d["command"] and "--also-stack-forward vmap" in d["command"]
+    vmapped = r["other_stack_forwards"]["vmap"]
+    assert len(vmapped["stacked_block_ms"]) == 2 and vmapped["stacked_cost_vs_one_run"] > 0
 
 
 @pytest.mark.kernel

@@ -40,9 +40,9 @@ def test_chunked_matches_direct_form(preset: str, masked: bool) -> None:
         assert rel_err(got, want) < 1e-12
 
 
-def test_module_backend_chunked_equals_reference_in_fp32_and_bf16() -> None:
+def test_module_backend_chunked_equals_direct_in_fp32_and_bf16() -> None:
     torch.manual_seed(0)
-    ref = Attention(32, 4, "hyla", causal=True, relative_position=True, backend="reference")
+    ref = Attention(32, 4, "hyla", causal=True, relative_position=True, backend="direct")
     chunked = Attention(32, 4, "hyla", causal=True, relative_position=True, backend="chunked", chunk_size=5)
     chunked.load_state_dict(ref.state_dict())
     x = torch.randn(2, 17, 32, requires_grad=True)

@@ -1,5 +1,6 @@
 """The CPU paths of HYLA against the direct form: ``fused_cpu`` (C kernel; what ``auto`` uses on CPU)
-and ``explicit`` (hand-derived backward in PyTorch ops; the fallback for what the kernel does not cover)."""
+and ``manual_backward`` (hand-derived backward in PyTorch ops; the fallback for what the kernel does not
+cover)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import pytest
 import torch
 
 from hyla.attention import Attention, attention_preset
+from hyla.attention.dispatch import cpu_auto_choice, dispatch
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels import (
     CpuKernelUnavailableError,
-    cpu_auto_choice,
-    dispatch,
-    explicit_hypernetwork_attention,
     fused_cpu_hypernetwork_attention,
+    fused_cpu_unsupported_reason,
+    manual_backward_hypernetwork_attention,
+    manual_backward_unsupported_reason,
 )
-from hyla.attention.kernels.cpu import fused_cpu_unsupported_reason
-from hyla.attention.kernels.explicit import explicit_unsupported_reason
+from hyla.attention.kernels.c import wrapper as c_wrapper
 
-IMPLEMENTATIONS = {"explicit": explicit_hypernetwork_attention, "fused_cpu": fused_cpu_hypernetwork_attention}
+IMPLEMENTATIONS = {
+    "manual_backward": manual_backward_hypernetwork_attention,
+    "fused_cpu": fused_cpu_hypernetwork_attention,
+}
 
 B, H, Q, K, E, D = 3, 5, 7, 9, 3, 4
 MASKS = {
@@ -80,12 +84,12 @@ def test_float32_tolerance(impl: str) -> None:
     assert max(_compare(impl, attention_preset("hyla"), mask, (1, H, Q, K), torch.float32)) < 1e-4
 
 
-def test_bfloat16_explicit_and_not_fused_cpu() -> None:
+def test_bfloat16_manual_backward_and_not_fused_cpu() -> None:
     config, mask = attention_preset("hyla"), MASKS["causal_1x1xQxK"]()
-    assert max(_compare("explicit", config, mask, (1, H, Q, K), torch.bfloat16)) < 2e-2
+    assert max(_compare("manual_backward", config, mask, (1, H, Q, K), torch.bfloat16)) < 2e-2
     q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
     assert "float32, float64" in fused_cpu_unsupported_reason(config, q, q, q)
-    y = dispatch("auto", q, q, q, config)  # auto: explicit for what the C kernel does not cover
+    y = dispatch("auto", q, q, q, config)  # auto: manual_backward for what the C kernel does not cover
     assert y is not None and y.dtype == torch.bfloat16
 
 
@@ -129,19 +133,19 @@ def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
         return cpu_auto_choice(hyla, q, k, k)
 
     assert choice(128, 36, 36, 4) == "fused_cpu"  # SRAVEN's heads
-    assert choice(128, 36, 36, 16) == "explicit"
-    assert choice(128, 36, 36, 64) == "reference"
+    assert choice(128, 36, 36, 16) == "manual_backward"
+    assert choice(128, 36, 36, 64) == "direct"
     assert choice(1, 2048, 4096, 64) == "fused_cpu"  # 134M scores: the direct form would fault in GiBs
-    assert choice(128, 36, 36, 4, torch.bfloat16) == "explicit"  # the C kernel has no bfloat16
-    assert choice(128, 36, 36, 64, torch.bfloat16) == "reference"
+    assert choice(128, 36, 36, 4, torch.bfloat16) == "manual_backward"  # the C kernel has no bfloat16
+    assert choice(128, 36, 36, 64, torch.bfloat16) == "direct"
 
 
-@pytest.mark.parametrize("backend", ["auto", "explicit", "fused_cpu"])
-def test_module_matches_reference_with_parameter_gradients(backend: str) -> None:
+@pytest.mark.parametrize("backend", ["auto", "manual_backward", "fused_cpu"])
+def test_module_matches_direct_form_with_parameter_gradients(backend: str) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 6, 20)
     fast = Attention(20, 4, "hyla", relative_position=True, causal=True, backend=backend)
-    ref = Attention(20, 4, "hyla", relative_position=True, causal=True, backend="reference")
+    ref = Attention(20, 4, "hyla", relative_position=True, causal=True, backend="direct")
     ref.load_state_dict(fast.state_dict())
     out_fast, out_ref = fast(x), ref(x)
     assert _rel(out_fast, out_ref) < 1e-5
@@ -155,22 +159,20 @@ def test_module_matches_reference_with_parameter_gradients(backend: str) -> None
 def test_uncovered_presets_fall_back_or_raise(preset: str) -> None:
     config = attention_preset(preset)
     q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
-    assert explicit_unsupported_reason(config) is not None
+    assert manual_backward_unsupported_reason(config) is not None
     assert fused_cpu_unsupported_reason(config, q, k, v) is not None
     if config.is_hyper:
         assert dispatch("auto", q, k, v, config) is None  # the direct form
     with pytest.raises(ValueError, match=r"value_network|normalization"):
-        explicit_hypernetwork_attention(q, k, v, config)
+        manual_backward_hypernetwork_attention(q, k, v, config)
     with pytest.raises(CpuKernelUnavailableError, match=r"value_network|normalization"):
         fused_cpu_hypernetwork_attention(q, k, v, config)
 
 
 def test_fused_cpu_without_a_compiler_says_so_and_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hyla.attention.kernels import cpu
-
-    monkeypatch.setattr(cpu, "_LIBRARY", None)
-    monkeypatch.setattr(cpu, "_LOAD_ERROR", None)
-    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    monkeypatch.setattr(c_wrapper, "_LIBRARY", None)
+    monkeypatch.setattr(c_wrapper, "_LOAD_ERROR", None)
+    monkeypatch.setattr(c_wrapper, "_compiler", lambda: None)
     q = torch.randn(1, 2, 3, 4)
     config = attention_preset("hyla")
     assert "no C compiler" in fused_cpu_unsupported_reason(config, q, q, q)
@@ -181,16 +183,14 @@ def test_fused_cpu_without_a_compiler_says_so_and_auto_falls_back(monkeypatch: p
 
 
 def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from hyla.attention.kernels import cpu
-
     monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
-    compiler = cpu._compiler()
+    compiler = c_wrapper._compiler()
     if compiler is None:
         pytest.skip("no C compiler on this machine")
-    built = cpu._build(compiler)
+    built = c_wrapper._build(compiler)
     assert built.parent == tmp_path / "kernels" and built.suffix == ".so"
     assert sorted(p.name for p in built.parent.iterdir()) == [built.name]  # no leftovers
-    assert cpu._build(compiler) == built  # cached
+    assert c_wrapper._build(compiler) == built  # cached
 
 
 @pytest.mark.parametrize("case", ["shared_bias_and_mask", "per_example_mask", "per_run_bias", "unbatched_kv"])
@@ -257,7 +257,7 @@ def test_double_backward_raises(impl: str) -> None:
 
 
 def test_bad_backend_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="explicit"):
+    with pytest.raises(ValueError, match="allowed values: auto, direct, manual_backward, fused_cpu, fused, chunked"):
         Attention(8, 2, "hyla", backend="nope")
 
 

@@ -17,16 +17,15 @@ from torch import Tensor
 
 from hyla.attention import Attention, attention_preset
 from hyla.attention.config import NONLINEARITIES, AttentionConfig
+from hyla.attention.dispatch import dispatch, fused_self_test
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels import (
     FusedUnavailableError,
     chunked_hypernetwork_attention,
-    dispatch,
     fused_hypernetwork_attention,
-    fused_self_test,
     fused_unsupported_reason,
 )
-from hyla.attention.kernels.op import interpreter_enabled
+from hyla.attention.kernels.triton import interpreter_enabled
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
@@ -44,10 +43,10 @@ def device() -> torch.device:
         return torch.device("cuda")
     if not interpreter_enabled():
         pytest.skip("no CUDA device and TRITON_INTERPRET is not set (make test sets it)")
-    from hyla.attention.kernels import hyla_triton
+    from hyla.attention.kernels.triton import kernel
 
-    if not hyla_triton.INTERPRETED:
-        pytest.skip("hyla_triton was imported before TRITON_INTERPRET=1 was set in this process")
+    if not kernel.INTERPRETED:
+        pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
     return torch.device("cpu")
 
 
@@ -154,7 +153,7 @@ def test_fused_options_fp32(device: torch.device, preset: str, case: Case) -> No
 def test_fused_largest_head_dims(device: torch.device, e: int, d: int) -> None:
     """Head dims up to 128 are computed right, or, on a GPU whose shared memory the float32 tiles
     outgrow (an H100's 227 KiB, measured), refused with FusedUnavailableError saying so; ``auto`` then
-    falls back to the reference. The interpreter has no shared-memory limit: there it must compute."""
+    falls back to the direct form. The interpreter has no shared-memory limit: there it must compute."""
     case = Case(b=1, h=2, q=17, k=5, e=e, d=d, bias=(1, 2, 17, 5), mask="causal")
     try:
         check_against_reference(case, attention_preset("hyla"), torch.float32, device)
@@ -206,10 +205,10 @@ def test_fused_through_torch_compile(device: torch.device) -> None:
 
 
 @pytest.mark.kernel
-def test_module_fused_equals_reference(device: torch.device) -> None:
+def test_module_fused_equals_direct_form(device: torch.device) -> None:
     """The ``Attention`` module with relative positions, causal mask and key padding: output and all grads."""
     torch.manual_seed(0)
-    ref = Attention(24, 4, "hyla", causal=True, relative_position=True, backend="reference").to(device)
+    ref = Attention(24, 4, "hyla", causal=True, relative_position=True, backend="direct").to(device)
     fused = Attention(24, 4, "hyla", causal=True, relative_position=True, backend="fused").to(device)
     fused.load_state_dict(ref.state_dict())
     x = torch.randn(2, 19, 24, device=device, requires_grad=True)
@@ -226,7 +225,7 @@ def test_module_fused_equals_reference(device: torch.device) -> None:
 def test_module_fused_under_bf16_autocast(device: torch.device) -> None:
     """Autocast gives the kernel bf16 q, k, v with an fp32 relative-position bias."""
     torch.manual_seed(0)
-    ref = Attention(32, 4, "hyla", relative_position=True, backend="reference").to(device)
+    ref = Attention(32, 4, "hyla", relative_position=True, backend="direct").to(device)
     fused = Attention(32, 4, "hyla", relative_position=True, backend="fused").to(device)
     fused.load_state_dict(ref.state_dict())
     x = torch.randn(2, 17, 32, device=device, requires_grad=True)
@@ -269,16 +268,16 @@ def test_fused_says_why_without_interpreter_on_cpu(monkeypatch: pytest.MonkeyPat
         assert reason is not None and "TRITON_INTERPRET=1" in reason
     with pytest.raises(FusedUnavailableError, match="backend='fused'"):
         dispatch("fused", q, q, q, attention_preset("hyla"))
-    y = dispatch("auto", q, q, q, attention_preset("hyla"))  # CPU: the explicit-backward form, silently
+    y = dispatch("auto", q, q, q, attention_preset("hyla"))  # CPU: the manual-backward form, silently
     assert y is not None and torch.allclose(y, hypernetwork_attention(q, q, q, attention_preset("hyla"))[0])
-    assert dispatch("reference", q, q, q, attention_preset("hyla")) is None
+    assert dispatch("direct", q, q, q, attention_preset("hyla")) is None
 
 
 def test_dispatch_and_fused_validate_inputs() -> None:
     q = torch.randn(2, 3, 5, 4)
     v = torch.randn(2, 3, 5, 6)
     cfg = attention_preset("hyla")
-    with pytest.raises(ValueError, match="backend='flash' is not valid; allowed values: auto, reference"):
+    with pytest.raises(ValueError, match="backend='flash' is not valid; allowed values: auto, direct, manual_backward"):
         dispatch("flash", q, q, v, cfg)
     with pytest.raises(ValueError, match="k must have shape"):
         fused_hypernetwork_attention(q, torch.randn(2, 3, 5, 3), v, cfg)
@@ -293,7 +292,7 @@ def test_dispatch_and_fused_validate_inputs() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
-def test_chunked_matches_reference_fp32_and_bf16(chunk: int) -> None:
+def test_chunked_matches_direct_form_fp32_and_bf16(chunk: int) -> None:
     """Chunked (pure torch): chunk sizes below, between and above Q; masks, bias; forward and grads."""
     case = Case(q=13, k=11, bias=(1, 3, 13, 11), mask="empty_row")
     cfg = attention_preset("hyla_silu")
@@ -310,9 +309,9 @@ def test_chunked_matches_reference_fp32_and_bf16(chunk: int) -> None:
 
 
 @pytest.mark.parametrize("preset", ["hyla", "hyla_plus", "hyla_softmax"])
-def test_module_chunked_equals_reference(preset: str) -> None:
+def test_module_chunked_equals_direct_form(preset: str) -> None:
     torch.manual_seed(0)
-    ref = Attention(24, 4, preset, relative_position=True, backend="reference")
+    ref = Attention(24, 4, preset, relative_position=True, backend="direct")
     chunked = Attention(24, 4, preset, relative_position=True, backend="chunked", chunk_size=4)
     chunked.load_state_dict(ref.state_dict())
     x = torch.randn(2, 10, 24, requires_grad=True)
@@ -338,7 +337,7 @@ def test_fused_self_test_passes_for_a_working_kernel(device: torch.device, dtype
 def test_auto_skips_a_kernel_whose_self_test_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel that raises (e.g. does not compile on this GPU) or computes wrong numbers is not used by
     ``auto``: the signature is remembered, a warning names the cause, and the direct form runs."""
-    import hyla.attention.kernels as kernels
+    import hyla.attention.dispatch as policy
 
     q = torch.randn(1, 2, 4, 3)
     cfg = attention_preset("hyla")
@@ -346,30 +345,30 @@ def test_auto_skips_a_kernel_whose_self_test_fails(monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> Tensor:
         raise RuntimeError("PTX compilation failed")
 
-    monkeypatch.setattr(kernels, "fused_hypernetwork_attention", broken)
-    monkeypatch.setattr(kernels, "_SELF_TESTS", {})
+    monkeypatch.setattr(policy, "fused_hypernetwork_attention", broken)
+    monkeypatch.setattr(policy, "_SELF_TESTS", {})
     assert "RuntimeError: PTX compilation failed" in (fused_self_test(q, q, cfg, with_mask=True, with_bias=False) or "")
-    monkeypatch.setattr(kernels, "_WARNED", set())
+    monkeypatch.setattr(policy, "_WARNED", set())
     with pytest.warns(UserWarning, match="self-test failed for this signature: RuntimeError: PTX"):
-        assert kernels._checked(q, q, cfg, None, None) is False
-    assert len(kernels._SELF_TESTS) == 1
+        assert policy._checked(q, q, cfg, None, None) is False
+    assert len(policy._SELF_TESTS) == 1
 
     def wrong(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
         return hypernetwork_attention(q, k, v, config, **kwargs)[0] * 1.01
 
-    monkeypatch.setattr(kernels, "fused_hypernetwork_attention", wrong)
+    monkeypatch.setattr(policy, "fused_hypernetwork_attention", wrong)
     assert "y differs from the direct form" in (fused_self_test(q, q, cfg, with_mask=False, with_bias=True) or "")
 
 
 def test_auto_on_cuda_uses_the_direct_form_for_small_heads_and_short_sequences() -> None:
     """The Triton kernel pads head dims to 16; for the task models' head dims (4-8) at their lengths the
     direct form is faster (measured), for long sequences the kernel keeps memory linear."""
-    from hyla.attention.kernels import cuda_auto_choice
+    from hyla.attention.dispatch import cuda_auto_choice
 
     def choice(b: int, h: int, t: int, e: int, d: int) -> str:
         return cuda_auto_choice(torch.empty(b, h, t, e), torch.empty(b, h, t, e), torch.empty(b, h, t, d))
 
-    assert choice(128, 16, 36, 4, 4) == "reference"  # SRAVEN
+    assert choice(128, 16, 36, 4, 4) == "direct"  # SRAVEN
     assert choice(128, 16, 36, 4, 16) == "fused"
     assert choice(8, 16, 2048, 4, 4) == "fused"  # 2^29 scores
     assert choice(8, 16, 2048, 64, 64) == "fused"

@@ -4,7 +4,6 @@ the same runs trained alone; ``train.fast`` (compile; CUDA graphs on CUDA) gives
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -14,20 +13,15 @@ import torch
 import yaml
 
 from hyla.cli import main
-from hyla.train import loop as loop_module
+from hyla.train import lone as lone_module
+from hyla.train import optim as optim_module
 from hyla.train import stacked as stacked_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.cli import stacked_configs
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import StepGraph, compile_mode, uses_cudagraphs
-from hyla.train.loop import Interrupted, NonFiniteLossError
-from hyla.train.stacked import (
-    RunThreads,
-    StackedStepGraph,
-    StackedTrainer,
-    stack_forward_mode,
-    stack_groups,
-)
+from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
+from hyla.train.stacked import StackedStepGraph, stack_forward_mode, stack_groups
 from tiny import sigterm_after_step, tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -55,7 +49,7 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
     return tmp / out
 
 
-@pytest.mark.parametrize("forward", ["loop", "vmap", "threads"])
+@pytest.mark.parametrize("forward", ["loop", "vmap"])
 @pytest.mark.parametrize("task", ["sraven", "fuzzy_logic"])
 def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str, forward: str) -> None:
     stack = ["train", task, *TINY, f"train.stack_forward={forward}", "--seeds", "0,3", "--out", str(tmp_path / "stack")]
@@ -77,28 +71,6 @@ def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, task: str, forwa
             len(g["params"]) for g in theirs.optimizer["param_groups"]
         ]
     assert train_losses(tmp_path / "stack" / "seed0") != train_losses(tmp_path / "stack" / "seed3")
-
-
-def test_threads_apply_bf16_autocast_in_their_workers(tmp_path: Path) -> None:
-    """Autocast and grad mode are per thread: a threaded stack's bf16 run equals the run-by-run stack's
-    bf16 run (same kernels per run) and differs from its float32 run, in training and evaluation."""
-    out = {}
-    for name, extra in (
-        ("threads_bf16", ["train.stack_forward=threads", "train.bf16=true"]),
-        ("loop_bf16", ["train.stack_forward=loop", "train.bf16=true"]),
-        ("threads_fp32", ["train.stack_forward=threads"]),
-    ):
-        args = ["train", "fuzzy_logic", *TINY, *extra, "--seeds", "0,1", "--out", str(tmp_path / name), "--quiet"]
-        assert main(args) == 0
-        out[name] = metrics(tmp_path / name / "seed1")
-    first = {name: rows[0]["loss"] for name, rows in out.items()}  # mean train loss of steps 1-2
-    assert first["threads_bf16"] == pytest.approx(first["loop_bf16"], rel=1e-5)
-    assert abs(first["threads_bf16"] / first["threads_fp32"] - 1) > 1e-3  # bf16 is really on in the workers
-    # later steps: bf16 training amplifies the two stacks' different gradient summation order
-    # (losses: r2 near 0, as in these tiny runs, is a difference of near-equal numbers and says nothing)
-    assert [(r["step"], r["split"]) for r in out["threads_bf16"]] == [(r["step"], r["split"]) for r in out["loop_bf16"]]
-    for a, b in zip(out["threads_bf16"], out["loop_bf16"]):
-        assert a["loss"] == pytest.approx(b["loss"], rel=2e-2), (a["step"], a["split"])
 
 
 def test_sweep_of_optimizer_hyperparameters_matches_lone_runs(tmp_path: Path) -> None:
@@ -146,7 +118,7 @@ def test_signal_stops_a_stack_with_checkpoints_and_resume_matches(tmp_path: Path
     args = ["train", "fuzzy_logic", *TINY, "--seeds", "0,1", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     cfgs, outs = stacked_configs_for(tmp_path / "parts", "0,1")
-    trainer = StackedTrainer(cfgs, outs, quiet=True)
+    trainer = Trainer(cfgs, outs, quiet=True, engine="stacked")
     sigterm_after_step(trainer, 3)
     with pytest.raises(Interrupted, match="SIGTERM"):
         trainer.run()
@@ -194,20 +166,20 @@ def test_bad_input_is_refused_with_the_parameter_named(tmp_path: Path, capsys) -
     assert "--resume: no checkpoint in" in capsys.readouterr().err
     cfgs = [load_config("sraven", TINY), load_config("sraven", [*TINY, "model.num_layers=1"])]
     with pytest.raises(ValueError, match=r"these differ too: model\.num_layers"):
-        StackedTrainer(cfgs, [tmp_path / "a", tmp_path / "b"])
+        Trainer(cfgs, [tmp_path / "a", tmp_path / "b"], engine="stacked")
     with pytest.raises(ValueError, match="out_dirs must hold one directory per run"):
-        StackedTrainer(cfgs[:1], [tmp_path / "a", tmp_path / "b"])
+        Trainer(cfgs[:1], [tmp_path / "a", tmp_path / "b"], engine="stacked")
 
 
 def test_nonfinite_loss_in_one_run_stops_the_stack_naming_it(tmp_path: Path) -> None:
     cfgs = [load_config("fuzzy_logic", [*TINY, "train.log_every=1", f"seed={s}", f"name=run{s}"]) for s in (0, 1)]
-    trainer = StackedTrainer(cfgs, [tmp_path / "r0", tmp_path / "r1"], quiet=True)
+    trainer = Trainer(cfgs, [tmp_path / "r0", tmp_path / "r1"], quiet=True, engine="stacked")
     real_step = trainer.train_step
 
     def poisoned_step() -> None:
         if trainer.step == 6:  # before the 7th update
             with torch.no_grad():
-                trainer.flat_RxN[1, 0] = float("nan")
+                trainer.engine.flat_RxN[1, 0] = float("nan")
         real_step()
 
     trainer.train_step = poisoned_step  # type: ignore[method-assign]
@@ -219,40 +191,15 @@ def test_nonfinite_loss_in_one_run_stops_the_stack_naming_it(tmp_path: Path) -> 
 
 
 def test_stack_forward_resolves_per_device_and_refuses_unknown_values(tmp_path: Path) -> None:
-    assert stack_forward_mode("auto", "cuda", num_runs=3) == "vmap"
-    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=2) == "threads"
-    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=1) == "loop"  # nothing to share out
-    assert stack_forward_mode("auto", "cpu", num_runs=1, cpu_threads=8) == "loop"
-    assert stack_forward_mode("auto", "cpu", num_runs=3, cpu_threads=2, fast=True) == "loop"  # compile: one thread
+    assert stack_forward_mode("auto", "cuda") == "vmap" and stack_forward_mode("auto", "cpu") == "loop"
     assert stack_forward_mode("vmap", "cpu") == "vmap" and stack_forward_mode("loop", "cuda") == "loop"
+    assert stack_forward_mode("threads", "cpu") == "loop"  # retired: older run configs still load
     cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}", "train.stack_forward=loop"]) for s in range(2)]
-    trainer = StackedTrainer(cfgs, [tmp_path / "a", tmp_path / "b"], quiet=True)
-    assert trainer.forward_mode == "loop"
+    trainer = Trainer(cfgs, [tmp_path / "a", tmp_path / "b"], quiet=True, engine="stacked")
+    assert trainer.engine.forward_mode == "loop"
     trainer.close()
-    threads_fast = ["train.stack_forward=threads", "train.fast=true"]
-    fast = [load_config("fuzzy_logic", [*TINY, f"seed={s}", *threads_fast]) for s in (0, 1)]
-    with pytest.raises(ValueError, match=r"train.stack_forward=threads .*allowed values here: auto, vmap, loop"):
-        StackedTrainer(fast, [tmp_path / "c", tmp_path / "d"], quiet=True)
-    with pytest.raises(ValueError, match=r"train.stack_forward='batched'.*auto, vmap, loop, threads"):
+    with pytest.raises(ValueError, match=r"train.stack_forward='batched'.*allowed values: auto, vmap, loop$"):
         load_config("fuzzy_logic", ["train.stack_forward=batched"]).validate()
-
-
-def test_run_threads_give_each_worker_its_share_and_leave_the_caller_alone() -> None:
-    caller = torch.get_num_threads()
-    threads = RunThreads(3, 1)
-    try:
-        assert threads.worker_threads == [1, 1, 1]
-        assert torch.get_num_threads() == caller
-        # the workers keep their count after the caller's was restored, and run the items in parallel threads
-        seen = threads.map(lambda i: (i, torch.get_num_threads(), threading.get_ident()), list(range(6)))
-        assert [i for i, _, _ in seen] == list(range(6)) and {n for _, n, _ in seen} == {1}
-        assert threading.get_ident() not in {ident for _, _, ident in seen}
-        with pytest.raises(ZeroDivisionError):
-            threads.map(lambda i: 1 // i, [1, 0])
-    finally:
-        threads.close()
-    with pytest.raises(ValueError, match="threads_each must be >= 1"):
-        RunThreads(2, 0)
 
 
 def test_fast_mode_resolves_per_device() -> None:
@@ -327,7 +274,7 @@ def test_graph_step_refuses_cpu_runs(tmp_path: Path, capsys) -> None:
     assert "train.graph_step=true needs a CUDA device" in err and "allowed values here: false" in err
     cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}", "train.graph_step=true"]) for s in (0, 1)]
     with pytest.raises(ValueError, match=r"train\.graph_step=true needs a CUDA device.*allowed values here: false"):
-        StackedTrainer(cfgs, [tmp_path / "s0", tmp_path / "s1"])
+        Trainer(cfgs, [tmp_path / "s0", tmp_path / "s1"], engine="stacked")
 
 
 def stand_in_for_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -380,11 +327,11 @@ def stand_in_for_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
         ("set_rng_state", lambda state, device=None: torch.set_rng_state(state)),
     ):
         monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(loop_module, "graph_step_unsupported_reason", lambda *args: None)
+    monkeypatch.setattr(lone_module, "graph_step_unsupported_reason", lambda *args: None)
     monkeypatch.setattr(stacked_module, "graph_step_unsupported_reason", lambda *args: None)
-    build = loop_module.build_optimizer  # capturable AdamW needs CUDA; the plain one takes a tensor lr
+    build = lone_module.build_optimizer  # capturable AdamW needs CUDA; the plain one takes a tensor lr
     monkeypatch.setattr(
-        loop_module, "build_optimizer", lambda model, cfg, device, capturable=False: build(model, cfg, device)
+        lone_module, "build_optimizer", lambda model, cfg, device, capturable=False: build(model, cfg, device)
     )
 
 
@@ -392,7 +339,7 @@ def test_graph_step_mechanics_with_a_stand_in_for_cuda_graphs(tmp_path: Path, mo
     """Lone and stacked ``train.graph_step`` runs (capture, replays, a stop and resume) on CPU write the
     plain runs' metrics; only the CUDA graph itself is stood in for (the real one: CUDA-only tests)."""
     stand_in_for_cuda_graphs(monkeypatch)
-    monkeypatch.setattr(stacked_module, "SCHEDULE_CHUNK", 3)
+    monkeypatch.setattr(optim_module, "SCHEDULE_CHUNK", 3)
     base = ["train", "fuzzy_logic", *TINY, "train.stack_forward=loop"]
     for name, extra in (("plain", []), ("graph", ["train.graph_step=true"])):
         assert main([*base, *extra, "--quiet", "--out", str(tmp_path / f"lone_{name}")]) == 0
@@ -411,35 +358,38 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
     """What ``train.graph_step`` captures for a stack, run eagerly on CPU: the step as a device tensor,
     the AdamW schedule row read on the device across schedule chunks, the sums and flags in place, and
     the snapshot the warm-up is undone with. Only the capture itself needs CUDA."""
-    monkeypatch.setattr(stacked_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
+    monkeypatch.setattr(optim_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
     sweep = [["seed=0", "train.lr=0.003"], ["seed=1", "train.lr=0.001", "train.weight_decay=0.3"]]
     cfgs = [load_config("fuzzy_logic", [*TINY, "train.stack_forward=loop", *o]) for o in sweep]
-    plain = StackedTrainer(cfgs, [tmp_path / "p0", tmp_path / "p1"], quiet=True)
-    body = StackedTrainer(cfgs, [tmp_path / "b0", tmp_path / "b1"], quiet=True)
-    graph = StackedStepGraph(body)
-    body._graph = graph
+    plain = Trainer(cfgs, [tmp_path / "p0", tmp_path / "p1"], quiet=True, engine="stacked")
+    body = Trainer(cfgs, [tmp_path / "b0", tmp_path / "b1"], quiet=True, engine="stacked")
+    engine, ref = body.engine, plain.engine
+    graph = StackedStepGraph(engine)
+    engine.graph = graph
     graph._before_capture()
     snap = graph._snapshot()
     for _ in range(2):  # the warm-up, then undone
-        body._load_schedule(int(graph.step_count))
+        engine.optimizer.load_schedule(int(graph.step_count))
         graph._body()
     graph._restore(snap)
     graph.step_count.fill_(0)
-    assert torch.equal(body.flat_RxN, plain.flat_RxN) and torch.equal(body.exp_avg_sq_RxN, plain.exp_avg_sq_RxN)
+    assert torch.equal(engine.flat_RxN, ref.flat_RxN)
+    assert torch.equal(engine.optimizer.exp_avg_sq_RxN, ref.optimizer.exp_avg_sq_RxN)
     for step in range(7):
         plain.train_step()
-        body._load_schedule(step)
+        engine.optimizer.load_schedule(step)
         graph._body()
-        body._n += 1
+        body.steps_since_log += 1
         body.step += 1
         if step in (1, 6):
             for mine, theirs in zip(body._flush_train_metrics(), plain._flush_train_metrics(), strict=True):
                 assert mine == pytest.approx(theirs, rel=1e-6) and set(mine) == {"loss", body.task.primary_metric}
     assert int(graph.step_count) == 7
-    for mine, theirs in ((body.flat_RxN, plain.flat_RxN), (body.exp_avg_RxN, plain.exp_avg_RxN)):
+    pairs = ((engine.flat_RxN, ref.flat_RxN), (engine.optimizer.exp_avg_RxN, ref.optimizer.exp_avg_RxN))
+    for mine, theirs in pairs:
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
-    assert body._nonfinite_R.tolist() == [-1, -1]
-    assert set(body._acc_R) == {"loss", body.task.primary_metric}  # buffers kept, zeroed by the flush
-    assert all(v.abs().sum() == 0 for v in body._acc_R.values())
+    assert engine.sums.nonfinite_R.tolist() == [-1, -1]
+    assert set(engine.sums.sums_R) == {"loss", body.task.primary_metric}  # buffers kept, zeroed by the flush
+    assert all(v.abs().sum() == 0 for v in engine.sums.sums_R.values())
     plain.close()
     body.close()

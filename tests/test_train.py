@@ -14,7 +14,8 @@ import torch
 from hyla.cli import main
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
-from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer, lr_at
+from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
+from hyla.train.optim import lr_at
 from tiny import sigterm_after_step, tiny_overrides
 
 
@@ -200,7 +201,7 @@ def test_lr_schedule_and_weight_decay_groups(tmp_path: Path) -> None:
     assert lr_at(100, cfg) == pytest.approx(1e-4) and lr_at(55, cfg) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
     config, overrides = _split(tiny("sraven"))
     trainer = Trainer(load_config(config, [*overrides, *library]), tmp_path / "r", quiet=True)
-    decay, no_decay = trainer.optimizer.param_groups
+    decay, no_decay = trainer.engine.optimizer.param_groups
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
     assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
     trainer.close()

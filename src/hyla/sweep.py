@@ -72,7 +72,7 @@ def train_runs(
 ) -> list[str]:
     """Train ``specs`` (all not done) in stacks where possible; returns the names finished now."""
     from hyla.train.loop import Trainer
-    from hyla.train.stacked import StackedTrainer, stack_groups
+    from hyla.train.stacked import stack_groups
 
     cfgs = [load_config(s.config, list(s.overrides)) for s in specs]
     outs = [root / s.name for s in specs]
@@ -91,11 +91,8 @@ def train_runs(
         start_steps = [last_step(o) for o in g_outs]
         made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
         t0 = time.monotonic()
-        trainer: Trainer | StackedTrainer
-        if len(group) == 1:
-            trainer = Trainer(g_cfgs[0], g_outs[0], device=device, resume=resume, quiet=quiet, progress=not quiet)
-        else:
-            trainer = StackedTrainer(g_cfgs, g_outs, device=device, resume=resume, quiet=quiet)
+        engine = "lone" if len(group) == 1 else "stacked"
+        trainer = Trainer(g_cfgs, g_outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
         trainer.deadline = deadline
         try:
             trainer.run()
@@ -132,11 +129,11 @@ def estimate_seconds(spec: RunSpec, device: str, cache: dict[str, tuple[float, f
             try:
                 for _ in range(2):
                     trainer.train_step()
-                trainer._check_finite()
+                trainer.check_finite()
                 t0 = time.perf_counter()
                 for _ in range(5):
                     trainer.train_step()
-                trainer._check_finite()
+                trainer.check_finite()
                 per_step = (time.perf_counter() - t0) / 5
                 t0 = time.perf_counter()
                 trainer.evaluate()

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from hyla.tasks import task_entry
+
 
 @dataclass
 class Run:
@@ -35,7 +37,7 @@ class Run:
 
     @property
     def primary_metric(self) -> str:
-        return {"sraven": "acc", "text": "ppl"}.get(self.config["data"]["task"], "r2")
+        return task_entry(self.config["data"]["task"]).task.primary_metric
 
 
 def load_run(path: str | Path) -> Run:

@@ -1,4 +1,4 @@
-"""Attention as a hypernetwork: the variants, their reference implementations and kernels."""
+"""Attention as a hypernetwork: the variants, their direct and naive implementations and kernels."""
 
 from hyla.attention.config import (
     NONLINEARITIES,

@@ -13,6 +13,7 @@ fixed by three choices:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -23,8 +24,10 @@ Nonlinearity = Literal["relu", "silu", "gelu", "sigmoid", "tanh", "identity"]
 NORMALIZATIONS: tuple[str, ...] = ("softmax", "none", "rms_head")
 VALUE_NETWORKS: tuple[str, ...] = ("linear", "hyper", "hyper_deep")
 NONLINEARITIES: tuple[str, ...] = ("relu", "silu", "gelu", "sigmoid", "tanh", "identity")
-#: how ``Attention`` computes a hyper value network (see :mod:`hyla.attention.kernels`)
-BACKENDS: tuple[str, ...] = ("auto", "reference", "explicit", "fused_cpu", "fused", "chunked")
+#: how ``Attention`` computes a hyper value network (see :mod:`hyla.attention.dispatch`)
+BACKENDS: tuple[str, ...] = ("auto", "direct", "manual_backward", "fused_cpu", "fused", "chunked")
+#: former backend names, still accepted (saved run configs and command lines use them): old -> new
+BACKEND_ALIASES: dict[str, str] = {"reference": "direct", "explicit": "manual_backward"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,17 @@ class AttentionConfig:
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not valid; allowed values: {', '.join(allowed)}")
+
+
+def canonical_backend(backend: str) -> str:
+    """``backend`` as one of :data:`BACKENDS`: a former name (:data:`BACKEND_ALIASES`) is mapped to the one
+    that replaced it, with a ``DeprecationWarning``; anything else raises ``ValueError`` naming the choices."""
+    if backend in BACKEND_ALIASES:
+        new = BACKEND_ALIASES[backend]
+        warnings.warn(f"backend={backend!r} is deprecated; use backend={new!r}", DeprecationWarning, stacklevel=3)
+        return new
+    _check_choice("backend", backend, BACKENDS)
+    return backend
 
 
 _TABLE_A1: dict[str, AttentionConfig] = {

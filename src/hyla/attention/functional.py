@@ -3,9 +3,9 @@
 Shape letters: B batch, H heads, Q queries, K keys, E query/key head dim, D value head dim.
 Masks are boolean with True where a query may attend to a key.
 
-This is the readable, always-available implementation: the fused and chunked kernels in
+This is the readable, always-available implementation (``Attention(backend="direct")``): the kernels in
 ``hyla.attention.kernels`` are tested against it, and it is itself tested against the naive
-per-(q, k) loop in ``hyla.attention.reference``.
+per-(q, k) loop in ``hyla.attention.naive``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from hyla.attention import functional as fn
-from hyla.attention.config import BACKENDS, AttentionConfig, attention_preset
+from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
 
 
@@ -111,11 +111,13 @@ class Attention(nn.Module):
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
-        backend: ``auto`` | ``reference`` | ``explicit`` | ``fused_cpu`` | ``fused`` | ``chunked``; how the
-            hyper value network is computed (see ``hyla.attention.kernels``: ``auto`` is ``fused``, the
-            Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
-            ``chunked`` processes ``chunk_size`` queries at a time). The latent code and hooks always use
-            the reference path.
+        backend: ``auto`` | ``direct`` | ``manual_backward`` | ``fused_cpu`` | ``fused`` | ``chunked``; how
+            the hyper value network is computed (see :mod:`hyla.attention.dispatch`: ``auto`` is ``fused``,
+            the Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
+            ``direct`` is the vectorized form of :mod:`hyla.attention.functional`; ``manual_backward`` the
+            same with a hand-derived backward; ``chunked`` processes ``chunk_size`` queries at a time). The
+            former names ``reference`` (= ``direct``) and ``explicit`` (= ``manual_backward``) are still
+            accepted, with a ``DeprecationWarning``. The latent code and hooks always use the direct form.
     """
 
     def __init__(
@@ -152,8 +154,7 @@ class Attention(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not valid; allowed values: {', '.join(BACKENDS)}")
+        backend = canonical_backend(backend)
         self.config = config
         self.dim, self.num_heads = dim, num_heads
         self.head_dim_qk = _head_dim("qk_dim", qk_dim, head_dim_qk, dim, num_heads)
@@ -314,8 +315,8 @@ class Attention(nn.Module):
         out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))
         return (out, a) if return_latent else out
 
-    def _uses_reference(self, need_latent: bool) -> bool:
-        if need_latent or self.backend == "reference" or not self.config.is_hyper or self._drops:
+    def _uses_direct_form(self, need_latent: bool) -> bool:
+        if need_latent or self.backend == "direct" or not self.config.is_hyper or self._drops:
             return True
         hooks = (self.hook_scores, self.hook_latent, self.hook_hidden)
         return any(h.has_hooks for h in hooks)
@@ -327,8 +328,9 @@ class Attention(nn.Module):
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_latent: bool
     ) -> tuple[Tensor, Tensor | None]:
-        if not self._uses_reference(need_latent):
-            from hyla.attention.kernels import dispatch
+        if not self._uses_direct_form(need_latent):
+            # imported on first use: a model that never dispatches does not load the kernels' wrappers
+            from hyla.attention.dispatch import dispatch
 
             y = dispatch(
                 self.backend,

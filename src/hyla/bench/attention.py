@@ -3,8 +3,9 @@
 For each T (batch B = batch_tokens / T, so B*T is fixed), H heads of d_head: forward and
 forward+backward of the core (q, k, v -> heads) for
 
-* ``hyla_reference`` (direct form, B*T*T*d hidden tensor), ``hyla_explicit`` (the same with a
-  hand-derived backward), ``hyla_fused_cpu`` (the C kernel ``backend="auto"`` runs on CPU; float32
+* ``hyla_direct`` (direct form, B*T*T*d hidden tensor), ``hyla_manual_backward`` (the same with a
+  hand-derived backward; the former names ``hyla_reference`` and ``hyla_explicit`` are still accepted),
+  ``hyla_fused_cpu`` (the C kernel ``backend="auto"`` runs on CPU; float32
   and float64 only, reported unavailable otherwise), ``hyla_chunked`` (blocks of queries),
   ``hyla_fused`` (the Triton kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``, where it is
   reported as unavailable with the reason otherwise);
@@ -35,8 +36,8 @@ import torch.nn.functional as F
 from hyla.bench import device_label, require_device
 
 VARIANTS = (
-    "hyla_reference",
-    "hyla_explicit",
+    "hyla_direct",
+    "hyla_manual_backward",
     "hyla_fused_cpu",
     "hyla_chunked",
     "hyla_fused",
@@ -44,6 +45,8 @@ VARIANTS = (
     "eager_softmax",
     "linear",
 )
+#: former variant names, still accepted: old -> new
+VARIANT_ALIASES = {"hyla_reference": "hyla_direct", "hyla_explicit": "hyla_manual_backward"}
 
 
 def _core(variant: str, chunk_size: int):
@@ -52,12 +55,12 @@ def _core(variant: str, chunk_size: int):
     from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
 
     hyla = attention_preset("hyla")
-    if variant == "hyla_reference":
+    if variant == "hyla_direct":
         return lambda q, k, v: hypernetwork_attention(q, k, v, hyla)[0]
-    if variant == "hyla_explicit":
-        from hyla.attention.kernels import explicit_hypernetwork_attention
+    if variant == "hyla_manual_backward":
+        from hyla.attention.kernels import manual_backward_hypernetwork_attention
 
-        return lambda q, k, v: explicit_hypernetwork_attention(q, k, v, hyla)
+        return lambda q, k, v: manual_backward_hypernetwork_attention(q, k, v, hyla)
     if variant == "hyla_fused_cpu":
         from hyla.attention.kernels import fused_cpu_hypernetwork_attention
 
@@ -105,7 +108,7 @@ def measure(
             return {"status": f"unavailable: {reason}"}
     if variant == "hyla_fused_cpu":
         from hyla.attention import attention_preset
-        from hyla.attention.kernels.cpu import fused_cpu_unsupported_reason
+        from hyla.attention.kernels import fused_cpu_unsupported_reason
 
         reason = fused_cpu_unsupported_reason(attention_preset("hyla"), q, k, v)
         if reason is not None:
@@ -147,7 +150,7 @@ def measure(
 def run(args: argparse.Namespace) -> int:
     require_device(args.device)
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [VARIANT_ALIASES.get(v, v) for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(VARIANTS)}")
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         f"device={device_name} dtype={dtype} heads={args.heads} head_dim={args.head_dim} "
         f"batch_tokens={args.batch_tokens}"
     )
-    print(f"{'variant':16s} {'T':>6s} {'B':>4s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MB':>9s}")
+    print(f"{'variant':20s} {'T':>6s} {'B':>4s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MB':>9s}")
     for t in seq_lens:
         for v in variants:
             if args.device.startswith("cuda"):  # CUDA peaks are per-allocation counts: one process serves
@@ -186,11 +189,11 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             if res["status"] == "ok":
                 print(
-                    f"{v:16s} {t:6d} {res['batch']:4d} {res['fwd_ms']:9.2f} {res['fwd_bwd_ms']:11.2f} "
+                    f"{v:20s} {t:6d} {res['batch']:4d} {res['fwd_ms']:9.2f} {res['fwd_bwd_ms']:11.2f} "
                     f"{res['peak_mb']:9.1f}"
                 )
             else:
-                print(f"{v:16s} {t:6d}    - {res['status']}")
+                print(f"{v:20s} {t:6d}    - {res['status']}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(

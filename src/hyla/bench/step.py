@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from hyla.attention.config import BACKENDS, canonical_backend
 from hyla.bench import device_label, require_device
 from hyla.models import Transformer, TransformerConfig, num_parameters
 
@@ -111,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(PRESETS)}")
     if args.task not in TASK_MODELS:
         raise SystemExit(f"--task must be one of {', '.join(TASK_MODELS)}, got {args.task!r}")
-    from hyla.attention.config import BACKENDS
-
-    if args.backend not in BACKENDS:
-        raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
+    try:  # a former name (reference, explicit) is recorded under the name that replaced it
+        args.backend = canonical_backend(args.backend)
+    except ValueError:
+        raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}") from None
     require_device(args.device)
     results: dict[str, dict[str, float]] = {}
     for v in variants:
@@ -171,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backend",
         default="auto",
-        help="how attention computes hyper value networks: auto | reference | explicit | fused_cpu | fused | chunked",
+        help="how attention computes hyper value networks: " + " | ".join(BACKENDS),
     )
     p.add_argument(
         "--all-positions",

@@ -7,8 +7,8 @@ steps alternate ``--repeats`` times and the median block is reported, which temp
 machine's load changes (the load average is recorded too). ``--fast`` sets ``train.fast``
 (:mod:`hyla.train.fast`); ``--time-eval`` also times one evaluation, to project the wall time of
 the config's full run; ``--check-syncs`` (CUDA) fails the step on any host synchronization.
-On a CPU with a threaded stack (``train.stack_forward=threads``, one run per core) the lone step is
-also timed on one core: how well a lone run already uses the cores bounds what stacking can save.
+On a CPU with at least as many runs as cores the lone step is also timed on one core: how well a
+lone run already uses the cores bounds what stacking can save.
 ``--also-stack-forward`` times stacks of other ``train.stack_forward`` modes in the same rotation.
 """
 
@@ -32,7 +32,6 @@ import torch
 from hyla.bench import device_label, require_device
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
-from hyla.train.stacked import StackedTrainer
 
 
 def _sync(device: str) -> None:
@@ -103,15 +102,16 @@ def bench_variant(
             load_config(task, bench_overrides), Path(tmp) / "lone", device=device, quiet=True, progress=False
         )
         cfgs = [load_config(task, [*bench_overrides, f"seed={s}"]) for s in range(seeds)]
-        stacked = StackedTrainer(cfgs, [Path(tmp) / f"s{s}" for s in range(seeds)], device=device, quiet=True)
+        stacked = Trainer(
+            cfgs, [Path(tmp) / f"s{s}" for s in range(seeds)], engine="stacked", device=device, quiet=True
+        )
 
-        def stack_of(mode: str) -> StackedTrainer:
+        def stack_of(mode: str) -> Trainer:
             mode_cfgs = [
                 load_config(task, [*bench_overrides, f"seed={s}", f"train.stack_forward={mode}"]) for s in range(seeds)
             ]
-            return StackedTrainer(
-                mode_cfgs, [Path(tmp) / mode / f"s{s}" for s in range(seeds)], device=device, quiet=True
-            )
+            outs = [Path(tmp) / mode / f"s{s}" for s in range(seeds)]
+            return Trainer(mode_cfgs, outs, engine="stacked", device=device, quiet=True)
 
         others = {mode: stack_of(mode) for mode in other_stack_forwards}
         for other in others.values():
@@ -130,8 +130,8 @@ def bench_variant(
         warm_stacked = time.perf_counter() - t0
         t_lone, t_stacked, t_lone_one_core = [], [], []
         cores = torch.get_num_threads()
-        # threads: one core per run; the lone step on one core shows how much of the cores a lone run uses
-        time_one_core = device == "cpu" and stacked.forward_mode == "threads" and seeds >= cores
+        # the lone step on one core shows how much of the cores a lone run uses
+        time_one_core = device == "cpu" and cores > 1 and seeds >= cores
         for _ in range(repeats):
             t_lone.append(_block(lone.train_step, steps, device))
             t_stacked.append(_block(stacked.train_step, steps, device))
@@ -162,7 +162,7 @@ def bench_variant(
         for other in others.values():
             other.close()
     lone_s, stacked_s = statistics.median(t_lone), statistics.median(t_stacked)
-    forward_mode = stacked.forward_mode
+    forward_mode = stacked.engine.forward_mode
     batch = cfgs[0].train.batch_size
     n_evals = full_steps // eval_every + (full_steps % eval_every != 0)
     result: dict[str, Any] = {

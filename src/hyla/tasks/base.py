@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,10 +40,16 @@ class Task(ABC):
     #: ``loss``/``metrics`` read only the last P positions of the outputs (None: all); the trainer
     #: then asks the model for those positions only, which skips most of the last layer's work
     num_output_positions: int | None = None
+    #: why runs of this task cannot be stacked in one process (None: they can)
+    not_stackable_because: str | None = None
 
     @property
     def splits(self) -> tuple[str, ...]:
         return ("train", *self.eval_splits)
+
+    def model_sizes(self) -> dict[str, Any]:
+        """The model config fields this task fixes (its input and output sizes)."""
+        return {"input_dim": self.input_dim, "output_dim": self.output_dim, "vocab_size": None}
 
     def describe(self) -> str:
         """One line on the data, for a run's start message ("" when the config says it all)."""

@@ -31,8 +31,11 @@ predicts it at the last position (``outputs[:, -1, 0]``). ``targets`` are all N 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,11 +49,33 @@ R2_MIN_VARIANCE = 1e-12
 SPLIT_STYLES: tuple[str, ...] = ("cover", "authors")
 
 
+@dataclass
+class FuzzyLogicOptions:
+    """The ``data.*`` options of ``data.task=fuzzy_logic``."""
+
+    holdout: float = 0.25  # fraction of term combinations held out as the OOD split
+    num_variables: int = 4
+    num_terms: int = 2
+    num_examples: int = 32
+    num_unseen_terms: int = 0  # terms never trained on (split unseen_terms if > 0)
+    split_style: str = "cover"  # cover | authors (see the module docstring)
+
+    def validate(self) -> None:
+        if self.split_style not in SPLIT_STYLES:
+            allowed = ", ".join(SPLIT_STYLES)
+            raise ValueError(f"data.split_style={self.split_style!r} is not valid; allowed values: {allowed}")
+
+
 class FuzzyLogic(Task):
     """Fuzzy-logic regression sequences on demand; see the module docstring for splits and encoding."""
 
     name = "fuzzy_logic"
     primary_metric = "r2"
+
+    @classmethod
+    def from_options(cls, options: FuzzyLogicOptions, split_seed: int, run_dir: Path | None = None) -> FuzzyLogic:
+        return cls(**dataclasses.asdict(options), split_seed=split_seed)
+
     num_output_positions = 1
 
     def __init__(

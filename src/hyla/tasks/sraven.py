@@ -36,9 +36,12 @@ generator's device, turned into indices by ``floor(u * n)`` (uniform to within `
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -91,11 +94,26 @@ def _rows_count(rule: int, v: int, g: int) -> int:
     return v
 
 
+@dataclass
+class SRavenOptions:
+    """The ``data.*`` options of ``data.task=sraven``."""
+
+    holdout: float = 0.25  # fraction of rule combinations held out as the OOD split
+    num_features: int = 4
+    num_values: int = 8
+    grid_size: int = 3
+    unambiguous_only: bool = False
+
+
 class SRaven(Task):
     """SRAVEN problems on demand; see the module docstring for rules, splits and encoding."""
 
     name = "sraven"
     primary_metric = "acc"
+
+    @classmethod
+    def from_options(cls, options: SRavenOptions, split_seed: int, run_dir: Path | None = None) -> SRaven:
+        return cls(**dataclasses.asdict(options), split_seed=split_seed)
 
     def __init__(
         self,

@@ -29,6 +29,7 @@ import math
 import sysconfig
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +120,35 @@ def train_tokenizer(documents: list[str], vocab_size: int):
     return tok
 
 
+@dataclass
+class TextOptions:
+    """The ``data.*`` options of ``data.task=text``."""
+
+    corpus: str = "stdlib"  # stdlib | a file or folder | hf:<dataset name>
+    dataset_config: str | None = None  # hf: the dataset's configuration (e.g. en for C4)
+    dataset_split: str = "train"  # hf
+    data_files: str | None = None  # hf: e.g. local files for hf:text
+    text_field: str = "text"  # hf: the column holding the text
+    max_documents: int = 2000
+    vocab_size: int = 4096  # BPE vocabulary
+    seq_len: int = 256  # tokens per training sequence
+    val_fraction: float = 0.05  # documents held out for validation (by content hash)
+
+
 class TextTask(Task):
     name = "text"
     primary_metric = "ppl"
     eval_splits = ("val",)
     num_output_positions = None
+    not_stackable_because = "language-model runs are trained one by one"
+
+    @classmethod
+    def from_options(cls, options: TextOptions, split_seed: int, run_dir: Path | None = None) -> TextTask:
+        """The tokenizer saved in ``run_dir`` is reused when there is one (a resumed or analysed run)."""
+        return cls(options, None if run_dir is None else Path(run_dir) / "tokenizer.json")
+
+    def model_sizes(self) -> dict[str, Any]:
+        return {"input_dim": None, "vocab_size": self.vocab_size, "output_dim": self.vocab_size, "causal": True}
 
     def __init__(self, data: Any, tokenizer_path: Path | None = None) -> None:
         if data.seq_len < 2:

@@ -1,55 +1,37 @@
-"""Building what a config describes: its task, and its model sized by the task."""
+"""Building what a config describes: its task (from the task registry), and its model sized by the task."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 
 from hyla.models import Transformer
+from hyla.tasks import task_entry
 from hyla.tasks.base import Task
-from hyla.train.config import ExperimentConfig
+from hyla.train.config import ExperimentConfig, task_options
 
 
 def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
-    """The task of a config; for text, the tokenizer saved in ``run_dir`` is reused when present."""
-    from hyla.tasks import make_task
+    """The task of a config; a task that keeps state in its run directory (text: the tokenizer) reads
+    it from ``run_dir`` when present."""
+    return task_entry(cfg.data.task).build(task_options(cfg.data), cfg.split_seed, run_dir)
 
-    d = cfg.data
-    if d.task == "text":
-        from hyla.tasks.text import TextTask
 
-        return TextTask(d, None if run_dir is None else Path(run_dir) / "tokenizer.json")
-    if d.task == "sraven":
-        return make_task(
-            "sraven",
-            num_features=d.num_features,
-            num_values=d.num_values,
-            grid_size=d.grid_size,
-            holdout=d.holdout,
-            split_seed=cfg.split_seed,
-            unambiguous_only=d.unambiguous_only,
-        )
-    return make_task(
-        "fuzzy_logic",
-        num_variables=d.num_variables,
-        num_terms=d.num_terms,
-        num_examples=d.num_examples,
-        holdout=d.holdout,
-        split_seed=cfg.split_seed,
-        num_unseen_terms=d.num_unseen_terms,
-        split_style=d.split_style,
-    )
+def sized_config(cfg: ExperimentConfig, task: Task) -> ExperimentConfig:
+    """A copy of ``cfg`` whose model has the sizes ``task`` fixes (``cfg`` itself is left as it is)."""
+    sizes = task.model_sizes()
+    if cfg.model.relative_position:
+        sizes |= {"relative_position_buckets": task.seq_len, "relative_position_max_distance": task.seq_len}
+    sized = copy.deepcopy(cfg)
+    for key, value in sizes.items():
+        setattr(sized.model, key, value)
+    return sized
 
 
 def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
-    m = cfg.model
-    if cfg.data.task == "text":
-        m.input_dim, m.vocab_size, m.output_dim = None, task.vocab_size, task.vocab_size  # type: ignore[attr-defined]
-        m.causal = True
-    else:
-        m.input_dim, m.output_dim, m.vocab_size = task.input_dim, task.output_dim, None
-    if m.relative_position:
-        m.relative_position_buckets = m.relative_position_max_distance = task.seq_len
+    """The model of ``cfg`` sized by ``task``, initialized from ``cfg.seed``."""
+    model_cfg = sized_config(cfg, task).model
     torch.manual_seed(cfg.seed)
-    return Transformer(m)
+    return Transformer(model_cfg)

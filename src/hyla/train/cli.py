@@ -1,7 +1,7 @@
 """``hyla train CONFIG [key=value ...] --out DIR``: one run, or several (``--seeds``, ``--sweep``).
 
-Expansion of seeds and sweep files, grouping into stacks, the choice of trainer (the lone
-:class:`~hyla.train.loop.Trainer` or the :class:`~hyla.train.stacked.StackedTrainer`) and the exit
+Expansion of seeds and sweep files, grouping into stacks, the choice of engine for the
+:class:`~hyla.train.loop.Trainer` (lone or stacked) and the exit
 codes live here: 2 bad input, 3 non-finite loss, 128 + signal when stopped by one. Also runs under
 ``torchrun`` for DDP (lone runs).
 """
@@ -86,7 +86,7 @@ def failure_exit_code(command: str, err: Exception, interrupted_note: str) -> in
 def run(args: argparse.Namespace) -> int:
     """Train every group of runs in turn (one group for a lone run)."""
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-    from hyla.train.stacked import STACKABLE_KEYS, StackedTrainer, not_stackable_reason, stack_groups
+    from hyla.train.stacked import STACKABLE_KEYS, not_stackable_reason, stack_groups
 
     several = bool(args.seeds or args.sweep)
     try:
@@ -105,14 +105,11 @@ def run(args: argparse.Namespace) -> int:
     for group in groups:
         g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
         common = {"device": args.device, "resume": args.resume, "stop_at_step": args.stop_at_step, "quiet": args.quiet}
-        trainer: StackedTrainer | Trainer | None = None
+        trainer: Trainer | None = None
+        lone = not several or (len(group) == 1 and not_stackable_reason(g_cfgs[0]))
         try:
-            if not several or (len(group) == 1 and not_stackable_reason(g_cfgs[0])):
-                trainer = Trainer(g_cfgs[0], g_outs[0], **common)
-                results = [trainer.run()]
-            else:
-                trainer = StackedTrainer(g_cfgs, g_outs, **common)
-                results = trainer.run()
+            trainer = Trainer(g_cfgs, g_outs, engine="lone" if lone else "stacked", **common)
+            results = trainer.run()
         except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
             saved = "checkpoints saved" if several else "checkpoint saved"
             note = f"at step {trainer.step if trainer else 0}; {saved}, resume with --resume"
@@ -124,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         metric = trainer.task.primary_metric
         if not several:
-            if results[0] and trainer.dist.is_main and not args.quiet:  # type: ignore[union-attr]
+            if results[0] and trainer.dist.is_main and not args.quiet:
                 print("final " + ", ".join(f"{split} {metric}={v[metric]:.4f}" for split, v in results[0].items()))
             continue
         for out, res in zip(g_outs, results):

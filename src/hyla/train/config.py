@@ -18,34 +18,35 @@ from typing import Any
 import yaml
 
 from hyla.models import TransformerConfig
-from hyla.tasks.fuzzy_logic import SPLIT_STYLES
+from hyla.tasks import REGISTRY, task_entry
 
 
-@dataclass
-class DataConfig:
-    """The task. Fields apply to the task named in their comment; the others are ignored."""
+def _data_config_class() -> type:
+    """``DataConfig``, the ``data`` section: ``task``, ``split_seed``, then every registered task's options
+    (:data:`hyla.tasks.REGISTRY`; a key two tasks share, like ``holdout``, has one default). A run reads
+    the keys of its own task (:func:`task_options`); the others are ignored."""
+    fields_: dict[str, tuple[Any, Any]] = {}
+    for name, entry in REGISTRY.items():
+        hints = typing.get_type_hints(entry.options)
+        for f in dataclasses.fields(entry.options):
+            if f.name in fields_ and fields_[f.name][1] != f.default:
+                raise TypeError(f"data.{f.name}: task {name} gives it another default than an earlier task")
+            fields_[f.name] = (hints[f.name], f.default)
+    # split_seed None: the held-out split follows the run's seed (the paper's code)
+    specs: list[Any] = [("task", str, field(default="sraven")), ("split_seed", int | None, field(default=0))]
+    specs += [(n, t, field(default=d)) for n, (t, d) in fields_.items()]
+    cls = dataclasses.make_dataclass("DataConfig", specs)
+    cls.__module__, cls.__doc__ = __name__, _data_config_class.__doc__
+    return cls
 
-    task: str = "sraven"  # sraven | fuzzy_logic | text
-    holdout: float = 0.25  # fraction of task combinations held out as the OOD split
-    split_seed: int | None = 0  # which combinations are held out; None: the run's seed (the paper's code)
-    num_features: int = 4  # sraven
-    num_values: int = 8  # sraven
-    grid_size: int = 3  # sraven
-    unambiguous_only: bool = False  # sraven
-    num_variables: int = 4  # fuzzy_logic
-    num_terms: int = 2  # fuzzy_logic
-    num_examples: int = 32  # fuzzy_logic
-    num_unseen_terms: int = 0  # fuzzy_logic: terms never trained on (split unseen_terms if > 0)
-    split_style: str = "cover"  # fuzzy_logic: cover | authors (hyla.tasks.fuzzy_logic)
-    corpus: str = "stdlib"  # text: stdlib | a file or folder | hf:<dataset name>
-    dataset_config: str | None = None  # text, hf: the dataset's configuration (e.g. en for C4)
-    dataset_split: str = "train"  # text, hf
-    data_files: str | None = None  # text, hf: e.g. local files for hf:text
-    text_field: str = "text"  # text, hf: the column holding the text
-    max_documents: int = 2000  # text
-    vocab_size: int = 4096  # text: BPE vocabulary
-    seq_len: int = 256  # text: tokens per training sequence
-    val_fraction: float = 0.05  # text: documents held out for validation (by content hash)
+
+DataConfig = _data_config_class()
+
+
+def task_options(data: Any) -> Any:
+    """The options dataclass of ``data.task``, filled from the ``data`` section."""
+    options = task_entry(data.task).options
+    return options(**{f.name: getattr(data, f.name) for f in dataclasses.fields(options)})
 
 
 @dataclass
@@ -73,12 +74,13 @@ class TrainConfig:
     tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
     fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.fast
     graph_step: bool = False  # CUDA, one process: the whole step (sampling ... AdamW) as one CUDA graph
-    # stacked runs: "vmap" (one call, R x wider), "loop" (run by run), "threads" (CPU: run by run, runs in
-    # parallel threads); auto: vmap on CUDA, threads on a multi-core CPU (loop with train.fast)
+    # stacked runs: "vmap" (one call, R x wider), "loop" (run by run); auto: vmap on CUDA, loop elsewhere
     stack_forward: str = "auto"
 
 
-STACK_FORWARDS = ("auto", "vmap", "loop", "threads")
+STACK_FORWARDS = ("auto", "vmap", "loop")
+#: retired ``train.stack_forward`` values still read (as ``loop``) so that older run configs load
+RETIRED_STACK_FORWARDS = ("threads",)
 #: ``train.weight_decay_mask`` values (hyla.train.optim.decayed_parameter_names says what each decays)
 WEIGHT_DECAY_MASKS: tuple[str, ...] = ("ndim", "authors")
 #: ``train.cosine_end`` values: the step at which the cosine reaches its floor (hyla.train.optim.lr_at)
@@ -127,7 +129,7 @@ class ExperimentConfig:
                 f"train.compile_mode={t.compile_mode!r} is not valid; allowed values: default, reduce-overhead, "
                 "max-autotune, max-autotune-no-cudagraphs"
             )
-        if t.stack_forward not in STACK_FORWARDS:
+        if t.stack_forward not in STACK_FORWARDS + RETIRED_STACK_FORWARDS:
             raise ValueError(
                 f"train.stack_forward={t.stack_forward!r} is not valid; allowed values: {', '.join(STACK_FORWARDS)}"
             )
@@ -136,12 +138,12 @@ class ExperimentConfig:
         for key, value, allowed in (
             ("train.weight_decay_mask", t.weight_decay_mask, WEIGHT_DECAY_MASKS),
             ("train.cosine_end", t.cosine_end, COSINE_ENDS),
-            ("data.split_style", self.data.split_style, SPLIT_STYLES),
         ):
             if value not in allowed:
                 raise ValueError(f"{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
-        if self.data.task not in ("sraven", "fuzzy_logic", "text"):
-            raise ValueError(f"data.task={self.data.task!r} is not valid; allowed values: sraven, fuzzy_logic, text")
+        options = task_options(self.data)  # an unknown data.task fails here, naming the allowed ones
+        if hasattr(options, "validate"):
+            options.validate()
         if t.grad_accum_steps < 1 or t.batch_size % t.grad_accum_steps:
             raise ValueError(
                 f"train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide train.batch_size={t.batch_size}"

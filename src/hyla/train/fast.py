@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from hyla.train.config import TrainConfig
 
@@ -130,87 +129,3 @@ class StepGraph:
                 "run with train.graph_step=false"
             ) from err
         self.graph = graph
-
-
-class WholeStepGraph(StepGraph):
-    """``train.graph_step``: a lone run's whole training step as one CUDA graph, replayed every step.
-
-    Sampling, forward, loss, backward, fused AdamW (``capturable``, the learning rate a device tensor
-    written before each replay), the metric sums and the non-finite-loss flag are captured once: a step
-    is then one graph launch plus one scalar write, instead of hundreds of kernel launches with Python
-    between them (the same losses within floating-point reordering; tests/test_stacked.py checks it on
-    CUDA).
-
-    The trainer provides ``model``, ``optimizer`` (fused AdamW built with ``capturable=True``),
-    ``data_gen``, ``device``, ``_acc`` and ``_nonfinite_step`` and ``_step_body(next_step, in_place)``.
-    """
-
-    def __init__(self, trainer: Any, acc_keys: tuple[str, ...]) -> None:
-        super().__init__(trainer.device)
-        self.trainer = trainer
-        self.acc_keys = (*acc_keys, "_n")
-        self.lr = torch.zeros((), dtype=torch.float32, device=trainer.device)
-
-    def replay(self, step: int, lr: float) -> None:
-        """Run step ``step`` (0-based) with learning rate ``lr``; captures the graph on first use."""
-        self.lr.fill_(lr)  # a kernel argument, no host synchronization
-        self._replay(step)
-
-    def _body(self) -> None:
-        self.trainer._step_body(self.step_count + 1, in_place=True)
-        self.step_count.add_(1)
-
-    def _generators(self) -> list[torch.Generator]:
-        return [self.trainer.data_gen]
-
-    def _before_capture(self) -> None:
-        tr = self.trainer
-        for group in tr.optimizer.param_groups:  # also after a resume replaced them with the saved floats
-            group["lr"] = self.lr
-        zero = torch.zeros((), dtype=torch.float64, device=tr.device)
-        tr._acc = {k: tr._acc.get(k, zero).clone() for k in self.acc_keys}  # buffers the graph adds into
-
-    def _clear_grads(self) -> None:
-        self.trainer.optimizer.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def _snapshot(self) -> dict[str, Any]:
-        tr = self.trainer
-        opt_state = {
-            id(p): {k: v.clone() if isinstance(v, Tensor) else v for k, v in tr.optimizer.state[p].items()}
-            for p in tr.model.parameters()
-            if p in tr.optimizer.state
-        }
-        return {
-            "params": [p.detach().clone() for p in tr.model.parameters()],
-            "opt": opt_state,
-            "data_gen": tr.data_gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state(tr.device),
-            "cpu_rng": torch.get_rng_state(),
-            "acc": {k: v.clone() for k, v in tr._acc.items()},
-            "nonfinite": tr._nonfinite_step.clone(),
-        }
-
-    @torch.no_grad()
-    def _restore(self, snap: dict[str, Any]) -> None:
-        tr = self.trainer
-        for p, saved in zip(tr.model.parameters(), snap["params"]):
-            p.copy_(saved)
-        for p in tr.model.parameters():
-            saved_state = snap["opt"].get(id(p))
-            for k, v in tr.optimizer.state[p].items():
-                if not isinstance(v, Tensor):
-                    continue
-                if saved_state is None:  # created by the warm-up of a fresh run: AdamW starts from zeros
-                    v.zero_()
-                else:
-                    v.copy_(saved_state[k])
-        tr.data_gen.set_state(snap["data_gen"])
-        torch.cuda.set_rng_state(snap["cuda_rng"], tr.device)
-        torch.set_rng_state(snap["cpu_rng"])
-        for k, v in tr._acc.items():
-            if k in snap["acc"]:
-                v.copy_(snap["acc"][k])
-            else:
-                v.zero_()
-        tr._nonfinite_step.copy_(snap["nonfinite"])

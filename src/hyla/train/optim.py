@@ -1,11 +1,11 @@
-"""The optimizer room: which parameters are weight-decayed, AdamW, and the learning-rate schedule."""
+"""The optimizer room: which parameters are weight-decayed, AdamW (one run, or R runs stacked), the schedule."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from hyla.train.config import WEIGHT_DECAY_MASKS, ExperimentConfig
 
@@ -59,3 +59,95 @@ def lr_at(step: int, cfg: ExperimentConfig) -> float:
     end = t.steps if t.cosine_end == "steps" else t.steps - t.warmup_steps
     progress = min(1.0, (step - t.warmup_steps) / max(1, end - t.warmup_steps))
     return t.lr * (t.final_lr_fraction + (1 - t.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ------------------------------------------------------------------------------ R runs at once
+BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults, which build_optimizer uses
+SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and copied to the device
+
+
+class StackedAdamW:
+    """``torch.optim.AdamW``'s update (single-tensor arithmetic) of R runs' parameters at once.
+
+    The runs' parameters are the rows of ``flat_RxN`` with the decayed ones in its first
+    ``num_decayed`` columns, so a step is ~8 elementwise kernels for all parameters of all runs, with
+    per-run learning rates and weight decays as ``R x 1`` columns of a schedule table on the device (no
+    host-to-device copy and no host synchronization per step).
+    """
+
+    def __init__(self, flat_RxN: Tensor, num_decayed: int, cfgs: list[ExperimentConfig]) -> None:
+        self.flat_RxN, self.num_decayed, self.cfgs = flat_RxN, num_decayed, cfgs
+        self.exp_avg_RxN = torch.zeros_like(flat_RxN)
+        self.exp_avg_sq_RxN = torch.zeros_like(flat_RxN)
+        self._schedule_chunk = -1
+        self.schedule_SxRx3 = torch.empty(0)
+
+    def schedule_row(self, step: int | Tensor) -> Tensor:
+        """Per-run ``1 - lr * wd``, ``-lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)`` at ``step`` (R x 3).
+
+        Computed in float64 on the host as ``torch.optim.AdamW`` does, rounded to float32 as its
+        kernels do, ``SCHEDULE_CHUNK`` steps at a time into one device table; a step reads a row.
+        ``step`` as a device tensor (a captured step) reads the row on the device; the host then loads
+        the chunk before each replay (:meth:`load_schedule`).
+        """
+        if isinstance(step, Tensor):
+            return self.schedule_SxRx3.index_select(0, step.remainder(SCHEDULE_CHUNK).view(1))[0]
+        self.load_schedule(step)
+        return self.schedule_SxRx3[step % SCHEDULE_CHUNK]
+
+    def load_schedule(self, step: int) -> None:
+        chunk = step // SCHEDULE_CHUNK
+        if chunk == self._schedule_chunk:
+            return
+        rows = []
+        for s in range(chunk * SCHEDULE_CHUNK, (chunk + 1) * SCHEDULE_CHUNK):
+            bias_correction1, bias_correction2_sqrt = 1 - BETA1 ** (s + 1), (1 - BETA2 ** (s + 1)) ** 0.5
+            row = []
+            for cfg in self.cfgs:
+                lr = lr_at(s, cfg)
+                row.append([1 - lr * cfg.train.weight_decay, -(lr / bias_correction1), bias_correction2_sqrt])
+            rows.append(row)
+        table = torch.tensor(rows, dtype=torch.float32)
+        device = self.flat_RxN.device
+        if device.type == "cuda":
+            table = table.pin_memory()
+        if self.schedule_SxRx3.shape == table.shape:  # in place: a captured step reads this buffer
+            self.schedule_SxRx3.copy_(table, non_blocking=True)
+        else:
+            self.schedule_SxRx3 = table.to(device, non_blocking=True)
+        self._schedule_chunk = chunk
+
+    @torch.no_grad()
+    def step(self, grad_RxN: Tensor, schedule_Rx3: Tensor) -> None:
+        decay_Rx1, neg_step_size_Rx1, bias_correction2_sqrt_Rx1 = schedule_Rx3.split(1, dim=1)
+        p, m, v = self.flat_RxN, self.exp_avg_RxN, self.exp_avg_sq_RxN
+        p[:, : self.num_decayed].mul_(decay_Rx1)
+        m.lerp_(grad_RxN, 1 - BETA1)
+        v.mul_(BETA2).addcmul_(grad_RxN, grad_RxN, value=1 - BETA2)
+        denom = (v.sqrt() / bias_correction2_sqrt_Rx1).add_(EPS)
+        p.addcdiv_(m * neg_step_size_Rx1, denom)
+
+    def to_adamw(self, r: int, model: nn.Module, columns: dict[str, slice], step: int) -> torch.optim.AdamW:
+        """Run ``r``'s moments as the ``torch.optim.AdamW`` a lone run of ``model`` has after ``step`` steps
+        (``columns``: parameter name -> its columns of ``flat_RxN``)."""
+        opt = build_optimizer(model, self.cfgs[r], self.flat_RxN.device)
+        names = {id(p): n for n, p in model.named_parameters()}
+        for group in opt.param_groups:
+            group["lr"] = lr_at(max(step - 1, 0), self.cfgs[r])
+            for p in group["params"]:
+                cols = columns[names[id(p)]]
+                opt.state[p] = {
+                    "step": torch.tensor(float(step)),
+                    "exp_avg": self.exp_avg_RxN[r, cols].reshape(p.shape).clone(),
+                    "exp_avg_sq": self.exp_avg_sq_RxN[r, cols].reshape(p.shape).clone(),
+                }
+        return opt
+
+    @torch.no_grad()
+    def load_adamw(self, r: int, opt: torch.optim.AdamW, model: nn.Module, columns: dict[str, slice]) -> None:
+        """The inverse of :meth:`to_adamw`: ``opt``'s moments into run ``r``."""
+        names = {id(p): n for n, p in model.named_parameters()}
+        for p, st in opt.state.items():
+            cols = columns[names[id(p)]]
+            self.exp_avg_RxN[r, cols] = st["exp_avg"].reshape(-1).to(self.flat_RxN.device)
+            self.exp_avg_sq_RxN[r, cols] = st["exp_avg_sq"].reshape(-1).to(self.flat_RxN.device)

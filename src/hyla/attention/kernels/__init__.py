@@ -1,266 +1,28 @@
-"""Fast paths for the hyper value networks, chosen by ``Attention(backend=...)``.
+"""The implementations behind ``Attention(backend=...)`` other than the direct form, one module (or package:
+kernel beside wrapper) each: ``chunked``, ``manual_backward``, ``c`` (``fused_cpu``), ``triton`` (``fused``);
+``coverage`` is the table of what each covers. Which one runs is decided in :mod:`hyla.attention.dispatch`."""
 
-``dispatch`` returns the attention heads ``y_BxHxQxD`` or ``None`` when the caller should use the
-direct form in :mod:`hyla.attention.functional`:
-
-* ``reference``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
-* ``fused_cpu``: :mod:`hyla.attention.kernels.cpu`, a C kernel (OpenMP, forward and backward) that
-  never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
-  ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32/float64, masks, biases
-  broadcastable to ``1xHxQxK``, first-order gradients; registered as the custom ops
-  ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
-  runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
-  :class:`CpuKernelUnavailableError` naming the cause;
-* ``explicit``: :mod:`hyla.attention.kernels.explicit`, the direct form's arithmetic as an
-  ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
-  ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
-  dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` it traces the
-  direct form instead (Inductor fuses its passes);
-* ``chunked``: :mod:`hyla.attention.kernels.chunked`, pure PyTorch, ``chunk_size`` queries at a time,
-  memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device;
-* ``fused``: :mod:`hyla.attention.kernels.op`, a Triton kernel (forward and backward) that never
-  materializes the hidden tensor, registered as the custom op ``hyla::fused_attention`` (autograd,
-  ``torch.compile``). It runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (slow: for tests).
-  It covers ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none`` (every phi),
-  float32 / bfloat16 / float16, up to 32 heads and head dims up to 128, any bias broadcastable to
-  ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
-  (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
-  :class:`FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
-* ``auto``: on CPU (any non-CUDA device), by :func:`cpu_auto_choice`: ``fused_cpu`` when it covers the
-  case (and a C compiler is there) and head dims are at most 8 or the scores tensor is large, else
-  ``explicit`` for head dims up to 16 when it covers the case (e.g. bfloat16), else the reference,
-  silently. On
-  CUDA, by :func:`cuda_auto_choice`: the reference for head dims up to 8 with fewer than 2^24 scores
-  (the kernel would be mostly padding); else ``fused`` when the case is covered, otherwise the
-  reference, with a one-time warning per cause.
-  Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
-  heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
-  signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
-  fails to compile or disagrees is not used for that signature (warning once). Under
-  ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel (the
-  trainer therefore runs one eager forward before compiling). Inside ``torch.vmap`` (stacked runs) the
-  op has no batching rule: ``auto`` uses the direct form there.
-"""
-
-from __future__ import annotations
-
-import warnings
-
-import torch
-from torch import Tensor
-
-from hyla.attention.config import BACKENDS, AttentionConfig
+from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
-from hyla.attention.kernels.cpu import (
-    CpuKernelUnavailableError,
-    fused_cpu_hypernetwork_attention,
-    fused_cpu_unsupported_reason,
+from hyla.attention.kernels.coverage import COVERAGE, Coverage, covered_presets
+from hyla.attention.kernels.errors import CpuKernelUnavailableError, FusedUnavailableError
+from hyla.attention.kernels.manual_backward import (
+    manual_backward_hypernetwork_attention,
+    manual_backward_unsupported_reason,
 )
-from hyla.attention.kernels.explicit import explicit_hypernetwork_attention, explicit_unsupported_reason
-from hyla.attention.kernels.op import (
-    FusedUnavailableError,
-    fused_hypernetwork_attention,
-    fused_unsupported_reason,
-    launch_fused,
-)
+from hyla.attention.kernels.triton import fused_hypernetwork_attention, fused_unsupported_reason
 
 __all__ = [
-    "BACKENDS",
+    "COVERAGE",
+    "Coverage",
     "CpuKernelUnavailableError",
     "FusedUnavailableError",
     "chunked_hypernetwork_attention",
-    "cpu_auto_choice",
-    "cuda_auto_choice",
-    "dispatch",
-    "explicit_hypernetwork_attention",
+    "covered_presets",
     "fused_cpu_hypernetwork_attention",
+    "fused_cpu_unsupported_reason",
     "fused_hypernetwork_attention",
-    "fused_self_test",
     "fused_unsupported_reason",
+    "manual_backward_hypernetwork_attention",
+    "manual_backward_unsupported_reason",
 ]
-
-_WARNED: set[str] = set()
-#: signature -> None (the kernel passed its self-test) or why it failed
-_SELF_TESTS: dict[tuple, str | None] = {}
-
-
-def _warn_once(reason: str) -> None:
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(
-            f"hyla attention backend='auto': the fused kernel does not cover this case ({reason}); "
-            "using the reference (direct) form",
-            stacklevel=3,
-        )
-
-
-def _signature(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> tuple:
-    return (
-        str(q.device),
-        q.dtype,
-        q.shape[1],
-        q.shape[3],
-        v.shape[3],
-        config.normalization,
-        config.nonlinearity,
-        mask is not None,
-        bias is not None,
-    )
-
-
-def fused_self_test(
-    q_BxHxQxE: Tensor, v_BxHxKxD: Tensor, config: AttentionConfig, *, with_mask: bool, with_bias: bool
-) -> str | None:
-    """Run the fused kernel on 1 x H x 17 x 19 random inputs shaped like ``q``/``v`` (device, dtype, H, E,
-    D: the same compiled kernels) forward and backward against the direct form; None if it agrees
-    (relative error < 1e-3 in fp32, 5e-2 in bf16/fp16), else why not (the exception or the error)."""
-    from hyla.attention.functional import hypernetwork_attention
-
-    device, dtype = q_BxHxQxE.device, q_BxHxQxE.dtype
-    heads, e, d = q_BxHxQxE.shape[1], q_BxHxQxE.shape[3], v_BxHxKxD.shape[3]
-    gen = torch.Generator().manual_seed(0)
-    nq, nk = 17, 19
-    inputs = [torch.randn(1, heads, n, w, generator=gen) for n, w in ((nq, e), (nk, e), (nk, d))]
-    bias = torch.randn(1, heads, nq, nk, generator=gen) if with_bias else None
-    mask = (torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + 2)[None, None] if with_mask else None
-    dy = torch.randn(1, heads, nq, d, generator=gen)
-    tol = 1e-3 if dtype == torch.float32 else 5e-2
-    try:
-        with torch.enable_grad():
-            leaves = [t.to(device, dtype).requires_grad_() for t in inputs]
-            ref_leaves = [t.double().requires_grad_() for t in inputs]
-            b_dev = None if bias is None else bias.to(device).requires_grad_()
-            b_ref = None if bias is None else bias.double().requires_grad_()
-            m_dev = None if mask is None else mask.to(device)
-            y = fused_hypernetwork_attention(*leaves, config, mask_Bx1xQxK=m_dev, bias=b_dev)
-            ref, _ = hypernetwork_attention(*ref_leaves, config, mask_Bx1xQxK=mask, bias=b_ref)
-            got = torch.autograd.grad(y, [*leaves, *([b_dev] if b_dev is not None else [])], dy.to(device, dtype))
-            want = torch.autograd.grad(ref, [*ref_leaves, *([b_ref] if b_ref is not None else [])], dy.double())
-    except Exception as err:  # any failure (compilation, launch) means: do not use it
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    for name, a, b in zip(("y", "dq", "dk", "dv", "dbias"), (y, *got), (ref, *want)):
-        err = ((a.detach().double().cpu() - b.detach()).norm() / b.detach().norm().clamp_min(1e-30)).item()
-        if not err < tol:
-            return f"{name} differs from the direct form by {err:.1e} (relative; tolerance {tol:.0e})"
-    return None
-
-
-def _checked(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> bool:
-    """Whether ``auto`` may use the fused kernel for this signature (self-test once, eagerly)."""
-    key = _signature(q, v, config, mask, bias)
-    if key not in _SELF_TESTS:
-        if torch.compiler.is_compiling():
-            return True
-        _SELF_TESTS[key] = fused_self_test(q, v, config, with_mask=mask is not None, with_bias=bias is not None)
-    failure = _SELF_TESTS[key]
-    if failure is not None:
-        _warn_once(f"its self-test failed for this signature: {failure}")
-    return failure is None
-
-
-#: ``auto`` on CPU (measured in ``results/attention_cpu.md``, head-dim sweep): the C kernel's loops over
-#: keys beat the direct form's batched matmuls for head dims up to FUSED_CPU_MAX_HEAD_DIM, and at any
-#: head dim once the direct form's ``B x H x Q x K`` tensors reach FUSED_CPU_MIN_SCORES elements
-#: (32 MiB in float32: from there each of them is a fresh mmap, page-faulted in on every step);
-#: ``explicit`` beats the direct form up to EXPLICIT_MAX_HEAD_DIM.
-FUSED_CPU_MAX_HEAD_DIM = 8
-FUSED_CPU_MIN_SCORES = 2**23
-EXPLICIT_MAX_HEAD_DIM = 16
-
-
-def cpu_auto_choice(
-    config: AttentionConfig,
-    q_BxHxQxE: Tensor,
-    k_BxHxKxE: Tensor,
-    v_BxHxKxD: Tensor,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-) -> str:
-    """What ``backend="auto"`` runs on CPU for this case: ``fused_cpu``, ``explicit`` or ``reference``."""
-    b, h, nq, e = q_BxHxQxE.shape
-    head_dim = max(e, v_BxHxKxD.shape[-1])
-    large = b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
-    tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
-    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_unsupported_reason(config, *tensors) is None:
-        return "fused_cpu"
-    if torch.compiler.is_compiling():  # explicit is not traceable (see dispatch)
-        return "reference"
-    if head_dim <= EXPLICIT_MAX_HEAD_DIM and explicit_unsupported_reason(config, *tensors) is None:
-        return "explicit"
-    return "reference"
-
-
-#: ``auto`` on CUDA (measured on an H100, ``results/gpu_h100.md``): the Triton kernel pads head dims to
-#: 16, so for the paper's task models (head dims 4-8, a few thousand query-key pairs per head) most of its
-#: work is padding, and the direct form (which ``torch.compile`` fuses) is faster: SRAVEN HYLA with the
-#: whole step as one CUDA graph ran 566 steps/s on the direct form against 433 on the kernel. Long
-#: sequences keep the kernel for its memory: the direct form's hidden tensor grows as B x Q x K x D.
-CUDA_REFERENCE_MAX_HEAD_DIM = 8
-CUDA_REFERENCE_MAX_SCORES = 2**24
-
-
-def cuda_auto_choice(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, v_BxHxKxD: Tensor) -> str:
-    """What ``backend="auto"`` runs on CUDA, before its coverage checks: ``fused`` or ``reference``."""
-    b, h, nq, e = q_BxHxQxE.shape
-    small = b * h * nq * k_BxHxKxE.shape[-2] < CUDA_REFERENCE_MAX_SCORES
-    if max(e, v_BxHxKxD.shape[-1]) <= CUDA_REFERENCE_MAX_HEAD_DIM and small:
-        return "reference"
-    return "fused"
-
-
-def dispatch(
-    backend: str,
-    q_BxHxQxE: Tensor,
-    k_BxHxKxE: Tensor,
-    v_BxHxKxD: Tensor,
-    config: AttentionConfig,
-    *,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-    w_mid_HxDxD: Tensor | None = None,
-    chunk_size: int = 256,
-) -> Tensor | None:
-    """``y_BxHxQxD`` from the chosen backend, or None: use the direct form.
-
-    ``mask`` is bool broadcastable to ``Bx1xQxK`` (True = may attend), ``bias`` broadcastable to
-    ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid; allowed values: {', '.join(BACKENDS)}")
-    if backend == "reference":
-        return None
-    if backend == "chunked":
-        return chunked_hypernetwork_attention(
-            q_BxHxQxE,
-            k_BxHxKxE,
-            v_BxHxKxD,
-            config,
-            mask_Bx1xQxK=mask,
-            bias=bias,
-            w_mid_HxDxD=w_mid_HxDxD,
-            chunk_size=chunk_size,
-        )
-    q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
-    if backend == "fused":
-        return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    if backend == "fused_cpu":
-        return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    if backend == "explicit" or (backend == "auto" and q.device.type != "cuda"):
-        choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "explicit"
-        if choice == "fused_cpu":
-            return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-        if choice == "reference" or torch.compiler.is_compiling():
-            # explicit is an autograd.Function whose backward trips a PyTorch internal assert when
-            # Dynamo traces it (torch 2.13); compiled, Inductor fuses the direct form's passes itself
-            return None
-        return explicit_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    # auto on CUDA; shape arithmetic first, which torch.compile traces without a graph break (also in vmap)
-    if cuda_auto_choice(q, k, v) == "reference":
-        return None
-    reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    if reason is not None:
-        _warn_once(reason)
-        return None
-    if not _checked(q, v, config, mask, bias):
-        return None
-    return launch_fused(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)  # checked just above

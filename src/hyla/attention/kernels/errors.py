@@ -1,8 +1,13 @@
-"""The error every kernel raises for a case it does not cover (its own module: the Triton wrapper and the
-kernel module both raise it, and neither imports the other for it)."""
+"""The errors the kernels raise for a case they do not cover, in a module of their own: the Triton wrapper and
+the Triton kernel both raise :class:`FusedUnavailableError`, and the kernel (imported lazily, it needs
+Triton) must not import its wrapper, which imports it."""
 
 from __future__ import annotations
 
 
 class FusedUnavailableError(NotImplementedError):
     """``backend="fused"`` was asked for a case (device, dtype, variant, size) the kernel does not cover."""
+
+
+class CpuKernelUnavailableError(NotImplementedError):
+    """The fused CPU kernel (``backend="fused_cpu"``) cannot run this case (the message says why)."""

@@ -1,4 +1,4 @@
-"""Naive per-(query, key) loop reference of every attention variant: slow and obviously correct.
+"""The naive per-(query, key) loop of every attention variant: slow and obviously correct.
 
 It reads only the module's parameter tensors and spells the paper's equations out pair by pair:
 for each (b, q, k) it computes the H scores, normalizes them, builds the generated value-network
@@ -28,7 +28,7 @@ def _rotate(vec_E: Tensor, position: int, base: float) -> Tensor:
     return out
 
 
-def reference_attention(
+def naive_attention(
     module: Attention,
     x_BxQxD: Tensor,
     context_BxKxC: Tensor | None = None,

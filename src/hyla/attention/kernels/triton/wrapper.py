@@ -1,8 +1,11 @@
-"""Fused HYLA attention as a ``torch.library`` custom op (autograd, ``torch.compile``, fake tensors).
+"""Fused HYLA attention (``backend="fused"``): the wrapper that registers the Triton kernel of
+:mod:`hyla.attention.kernels.triton.kernel` as a ``torch.library`` custom op (autograd, ``torch.compile``,
+fake tensors).
 
 Public entry point: :func:`fused_hypernetwork_attention` (same contract as the direct form's ``y``).
-The Triton module is imported lazily, at the first launch, so importing this file needs neither Triton
-nor a GPU; :func:`fused_unsupported_reason` says, without launching anything, why a case cannot run.
+The kernel module is imported lazily, at the first launch, so importing this file needs neither Triton
+nor a GPU; :func:`fused_unsupported_reason` says, without launching anything, why a case cannot run
+(the variants and dtypes it covers: ``COVERAGE["fused"]`` in :mod:`hyla.attention.kernels.coverage`).
 
 Two ops are registered:
 
@@ -23,12 +26,11 @@ import torch
 from torch import Tensor
 
 from hyla.attention.config import AttentionConfig
+from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
 from hyla.attention.kernels.errors import FusedUnavailableError
 
-#: What the fused kernel covers (outside of it: ``fused_unsupported_reason`` names the cause).
-SUPPORTED_NORMALIZATIONS: tuple[str, ...] = ("rms_head", "none")
-SUPPORTED_VALUE_NETWORKS: tuple[str, ...] = ("hyper",)
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+#: The size limits of the fused kernel, beyond ``COVERAGE["fused"]`` (``fused_unsupported_reason`` names
+#: the cause of a case outside them).
 MAX_HEADS = 32
 MAX_HEAD_DIM = 128
 
@@ -56,25 +58,23 @@ def fused_unsupported_reason(
     bias: Tensor | None = None,
 ) -> str | None:
     """None when the fused kernel can run this case, else a sentence saying why not."""
-    if config.value_network not in SUPPORTED_VALUE_NETWORKS:
-        covered = ", ".join(SUPPORTED_VALUE_NETWORKS)
-        return f"value_network={config.value_network!r} (the kernel covers {covered})"
-    if config.normalization not in SUPPORTED_NORMALIZATIONS:
-        covered = ", ".join(SUPPORTED_NORMALIZATIONS)
-        return f"normalization={config.normalization!r} (the kernel covers {covered})"
+    reason = variant_unsupported_reason("fused", config)
+    if reason is not None:
+        return reason
+    coverage = COVERAGE["fused"]
     if not triton_available():
         return "triton is not installed (pip install 'hyla[kernels]')"
-    if any(_is_batched(t) for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)):
+    if not coverage.vmap and any(_is_batched(t) for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)):
         return "inside torch.vmap (e.g. stacked runs): the op has no batching rule"
     device = q_BxHxQxE.device
-    if device.type == "cpu":
+    if device.type == "cpu":  # beyond the covered devices: the interpreter, for tests
         if not interpreter_enabled():
             return "CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter; slow, for testing)"
-        from hyla.attention.kernels import hyla_triton
+        from hyla.attention.kernels.triton import kernel
 
-        if not hyla_triton.INTERPRETED:
-            return "hyla.attention.kernels.hyla_triton was imported before TRITON_INTERPRET=1 was set"
-    elif device.type != "cuda":
+        if not kernel.INTERPRETED:
+            return "hyla.attention.kernels.triton.kernel was imported before TRITON_INTERPRET=1 was set"
+    elif coverage.devices is not None and device.type not in coverage.devices:
         return f"device {device.type!r} (the kernel runs on CUDA, or on CPU under TRITON_INTERPRET=1)"
     tensors = {"q": q_BxHxQxE, "k": k_BxHxKxE, "v": v_BxHxKxD}
     for name, t in tensors.items():
@@ -83,8 +83,8 @@ def fused_unsupported_reason(
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) > 1:
         return f"q, k, v have different dtypes {sorted(str(d) for d in dtypes)}"
-    if q_BxHxQxE.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {q_BxHxQxE.dtype} (the kernel covers float32, bfloat16, float16)"
+    if not covers_dtype("fused", q_BxHxQxE.dtype):
+        return f"dtype {q_BxHxQxE.dtype} (the kernel covers {dtype_names('fused')})"
     heads, e, d = q_BxHxQxE.shape[1], q_BxHxQxE.shape[3], v_BxHxKxD.shape[3]
     if heads > MAX_HEADS:
         return f"{heads} heads (the kernel covers 1..{MAX_HEADS})"
@@ -147,9 +147,9 @@ def _fused_attention(
     nonlinearity: str,
     eps: float,
 ) -> Tensor:
-    from hyla.attention.kernels import hyla_triton
+    from hyla.attention.kernels.triton import kernel
 
-    return hyla_triton.forward(q, k, v, bias, mask, normalization, nonlinearity, eps)
+    return kernel.forward(q, k, v, bias, mask, normalization, nonlinearity, eps)
 
 
 @_fused_attention.register_fake
@@ -179,9 +179,9 @@ def _fused_attention_backward(
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    from hyla.attention.kernels import hyla_triton
+    from hyla.attention.kernels.triton import kernel
 
-    grads = hyla_triton.backward(dy, q, k, v, bias, mask, normalization, nonlinearity, eps, bias_grad)
+    grads = kernel.backward(dy, q, k, v, bias, mask, normalization, nonlinearity, eps, bias_grad)
     dq, dk, dv, db = grads
     if db is None:
         return dq, dk, dv, q.new_empty(0)
@@ -266,7 +266,7 @@ def fused_hypernetwork_attention(
     if reason is not None:
         raise FusedUnavailableError(
             f"backend='fused' cannot run this case: {reason}. Use backend='auto' (falls back to the "
-            "reference), 'chunked' or 'reference'."
+            "direct form), 'chunked' or 'direct'."
         )
     return launch_fused(q, k, v, config, mask_Bx1xQxK=mask_Bx1xQxK, bias=bias)
 

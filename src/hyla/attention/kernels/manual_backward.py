@@ -1,4 +1,5 @@
-"""HYLA with a hand-derived backward: the direct form's arithmetic in fewer passes over the scores.
+"""HYLA with a hand-derived backward (``backend="manual_backward"``): the direct form's arithmetic in fewer
+passes over the scores.
 
 The direct form (:mod:`hyla.attention.functional`) leaves the backward to autograd, which walks the
 ``B x H x Q x K`` score tensor a few dozen times: scale, bias, RMSHead's square/mean/multiply, a
@@ -19,10 +20,11 @@ passes, not arithmetic, are most of a HYLA step. Here:
   (``B x H x Q x K`` and ``B x H x K x Q``): ``dq``, ``dk`` and the bias gradient read both, and no
   (q, k) transpose of a score-sized tensor happens in the backward.
 
-Covers ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none``, every phi, the
-masks and biases the direct form takes, any float dtype and device; ``backend="auto"`` uses it on
-CPU. First-order gradients only (double backward raises), and not inside ``torch.vmap`` (stacked
-runs use the direct form). Tested against the direct form in ``tests/test_explicit.py``.
+Covers (``COVERAGE["manual_backward"]`` in :mod:`hyla.attention.kernels.coverage`)
+``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none``, every phi, the masks and
+biases the direct form takes, any float dtype and device; ``backend="auto"`` uses it on CPU.
+First-order gradients only (double backward raises), and not inside ``torch.vmap`` (stacked runs use
+the direct form). Tested against the direct form in ``tests/test_cpu_backends.py``.
 """
 
 from __future__ import annotations
@@ -36,18 +38,16 @@ from torch.autograd.function import once_differentiable
 
 from hyla.attention.config import AttentionConfig
 from hyla.attention.functional import nonlinearity
-
-#: the score normalizations this form covers (with ``value_network="hyper"``)
-NORMALIZATIONS = ("rms_head", "none")
+from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
 
 
-def explicit_unsupported_reason(config: AttentionConfig, *tensors: Tensor | None) -> str | None:
-    """Why :func:`explicit_hypernetwork_attention` cannot run this case, or None."""
-    if config.value_network != "hyper":
-        return f"value_network={config.value_network!r} (only 'hyper')"
-    if config.normalization not in NORMALIZATIONS:
-        return f"normalization={config.normalization!r} (only {', '.join(NORMALIZATIONS)})"
-    if any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors):
+def manual_backward_unsupported_reason(config: AttentionConfig, *tensors: Tensor | None) -> str | None:
+    """Why :func:`manual_backward_hypernetwork_attention` cannot run this case, or None."""
+    reason = variant_unsupported_reason("manual_backward", config)
+    if reason is not None:
+        return reason
+    batched = any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors)
+    if batched and not COVERAGE["manual_backward"].vmap:
         return "inside torch.vmap (e.g. stacked runs): it has no batching rule"
     return None
 
@@ -82,7 +82,7 @@ def _phi_backward(phi: str, u: Tensor, g: Tensor, dg: Tensor) -> Tensor:
     return du
 
 
-class _ExplicitHyla(torch.autograd.Function):
+class _ManualBackwardHyla(torch.autograd.Function):
     @staticmethod
     def forward(
         q_BxHxQxE: Tensor,
@@ -181,7 +181,7 @@ class _ExplicitHyla(torch.autograd.Function):
         return dq, dk, dv_BxKxHxD.transpose(1, 2), dbias, None, None, None, None
 
 
-def explicit_hypernetwork_attention(
+def manual_backward_hypernetwork_attention(
     q_BxHxQxE: Tensor,
     k_BxHxKxE: Tensor,
     v_BxHxKxD: Tensor,
@@ -194,14 +194,14 @@ def explicit_hypernetwork_attention(
 
     ``mask_Bx1xQxK`` is bool broadcastable to ``Bx1xQxK`` (True = may attend); ``bias`` broadcastable to
     ``BxHxQxK`` (its gradient is summed back to its shape). Raises ``ValueError`` for a case it does
-    not cover (:func:`explicit_unsupported_reason`).
+    not cover (:func:`manual_backward_unsupported_reason`).
     """
-    reason = explicit_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
+    reason = manual_backward_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     if reason is not None:
-        raise ValueError(f"the explicit-backward form does not cover {reason}; use backend='reference'")
+        raise ValueError(f"the manual-backward form does not cover {reason}; use backend='direct'")
     if mask_Bx1xQxK is not None and mask_Bx1xQxK.dim() < 4:
         mask_Bx1xQxK = mask_Bx1xQxK.reshape((1,) * (4 - mask_Bx1xQxK.dim()) + tuple(mask_Bx1xQxK.shape))
-    y, *_ = _ExplicitHyla.apply(
+    y, *_ = _ManualBackwardHyla.apply(
         q_BxHxQxE,
         k_BxHxKxE,
         v_BxHxKxD,

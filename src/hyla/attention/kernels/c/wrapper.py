@@ -1,4 +1,4 @@
-"""Fused HYLA on CPU: a small C kernel (``csrc/hyla_cpu.c``), forward and backward.
+"""Fused HYLA on CPU: the wrapper of a small C kernel (``hyla_cpu.c`` beside this file), forward and backward.
 
 Each (batch, query) row computes its scores for all heads and keys, RMSHead, the generated value
 network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is ever written; the
@@ -9,10 +9,11 @@ The C file is compiled on first use with the system C compiler (``cc``/``gcc``/`
 OpenMP; ``HYLA_CC`` overrides) into ``~/.cache/hyla/kernels`` (``HYLA_CACHE_DIR`` overrides), keyed by
 the source, the flags, the compiler and the CPU, and loaded through ctypes; no PyTorch headers, so
 it builds in about a second. Without a working compiler it is unavailable and ``backend="auto"``
-uses :mod:`hyla.attention.kernels.explicit` instead.
+uses :mod:`hyla.attention.kernels.manual_backward` instead.
 
-Covers ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32 and float64, any
-mask broadcastable to ``Bx1xQxK`` and any bias broadcastable to ``1xHxQxK``; first-order gradients;
+Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network="hyper"``
+with ``rms_head`` or ``none``, every phi, float32 and float64, any mask broadcastable to ``Bx1xQxK``
+and any bias broadcastable to ``1xHxQxK``; first-order gradients;
 the ops ``hyla::fused_cpu_attention`` and ``hyla::fused_cpu_attention_backward`` carry it through
 autograd, ``torch.compile`` (opaque calls; the library is built while tracing if need be) and
 ``torch.vmap`` (R stacked runs are folded into the batch: one call; a per-run bias or mask goes run by
@@ -35,20 +36,18 @@ import torch
 from torch import Tensor
 
 from hyla.attention.config import AttentionConfig
+from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
+from hyla.attention.kernels.errors import CpuKernelUnavailableError
 
-SOURCE = Path(__file__).with_name("csrc") / "hyla_cpu.c"
+SOURCE = Path(__file__).with_name("hyla_cpu.c")
 FLAGS = (
     "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99",
     # lets the compiler vectorize the sums over keys; unlike -ffast-math it changes no global FPU state
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
 )  # fmt: skip
 PHI_IDS = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
+#: the C functions' suffix for each dtype of ``COVERAGE["fused_cpu"]`` (one compiled copy per C type)
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
-NORMALIZATIONS = ("rms_head", "none")
-
-
-class CpuKernelUnavailableError(NotImplementedError):
-    """The fused CPU kernel cannot run this case (the message says why)."""
 
 
 _LIBRARY: ctypes.CDLL | None = None
@@ -134,19 +133,20 @@ def fused_cpu_unsupported_reason(
     bias: Tensor | None = None,
 ) -> str | None:
     """None when :func:`fused_cpu_hypernetwork_attention` can run this case, else why not."""
-    if config.value_network != "hyper":
-        return f"value_network={config.value_network!r} (only 'hyper')"
-    if config.normalization not in NORMALIZATIONS:
-        return f"normalization={config.normalization!r} (only {', '.join(NORMALIZATIONS)})"
+    reason = variant_unsupported_reason("fused_cpu", config)
+    if reason is not None:
+        return reason
+    coverage = COVERAGE["fused_cpu"]
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
-    vmap_unsupported = not HAS_VMAP_RULE and not torch.compiler.is_compiling()
+    vmap_unsupported = not (coverage.vmap and HAS_VMAP_RULE) and not torch.compiler.is_compiling()
     if vmap_unsupported and any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors):
         return f"inside torch.vmap (torch {torch.__version__} has no vmap rules for custom ops)"
-    if any(t is not None and t.device.type != "cpu" for t in tensors):
+    devices = coverage.devices
+    if devices is not None and any(t is not None and t.device.type not in devices for t in tensors):
         return "tensors not on the CPU"
     dtypes = {t.dtype for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD)}
-    if len(dtypes) > 1 or q_BxHxQxE.dtype not in DTYPES:
-        return f"dtype {sorted(str(d) for d in dtypes)} (covered: float32, float64)"
+    if len(dtypes) > 1 or not covers_dtype("fused_cpu", q_BxHxQxE.dtype):
+        return f"dtype {sorted(str(d) for d in dtypes)} (covered: {dtype_names('fused_cpu')})"
     if bias is not None and bias.dim() > 3 and any(n != 1 for n in bias.shape[:-3]):
         return f"a bias that varies over the batch (shape {tuple(bias.shape)}; covered: broadcastable to 1xHxQxK)"
     return _library_problem() or None

@@ -1,5 +1,5 @@
 /* HYLA attention core on CPU, fused: forward and backward per (batch, query) row in cache-sized
- * scratch, never writing a B x H x Q x K tensor. Built and loaded by hyla/attention/kernels/cpu.py
+ * scratch, never writing a B x H x Q x K tensor. Built and loaded by hyla/attention/kernels/c/wrapper.py
  * (plain C with OpenMP, called through ctypes); compiled once per REAL type (float, double).
  *
  * Layouts (all contiguous): q B x H x Q x E; kT B x H x E x K and vT B x H x D x K (keys innermost,

@@ -1,4 +1,5 @@
 """Triton kernels of fused HYLA attention (forward and backward), never materializing the hidden tensor.
+Called by the custom ops of :mod:`hyla.attention.kernels.triton.wrapper`, which import this module lazily.
 
 Shape letters: B batch, H heads, Q queries, K keys, E query/key head dim, D value head dim. One program
 holds *all heads* of a (query tile, key tile) pair, so RMSHead (the RMS across heads of each (q, k)
@@ -367,7 +368,7 @@ def _hyla_bwd_kernel(
 # ---------------------------------------------------------------------------------------------- launchers
 def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict, num_stages: int | None) -> None:
     """Launch ``kernel``; if it needs more shared memory than the GPU has, raise
-    :class:`~hyla.attention.kernels.op.FusedUnavailableError` saying so (``auto`` then falls back).
+    :class:`~hyla.attention.kernels.errors.FusedUnavailableError` saying so (``auto`` then falls back).
 
     Fewer pipeline stages do not help: on an H100 the float32 forward needed the same 458,752 bytes with
     one stage as with Triton's default (the memory is the layout conversions' buffers, not the pipeline).
@@ -382,7 +383,7 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict, num_stages: 
             f"the fused kernel needs {err.required} bytes of {err.name} for H={meta['H']} heads (padded to "
             f"{meta['HP']}), head dims E={meta['E']}, D={meta['D']} in {args[0].dtype}; this GPU has {err.limit}. "
             "Fewer heads or smaller head dims fit (bfloat16 fits more than float32); backend='auto' uses the "
-            "reference"
+            "direct form"
         ) from err
 
 

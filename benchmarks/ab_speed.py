@@ -1,0 +1,60 @@
+"""Summarize ``benchmarks/ab_speed.sh``: OUT/{old,new}/*_r<round>.json -> a markdown table on stdout.
+
+Each cell is the median over rounds in ms per step; ``new/old`` below 1.00 means the new code is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def rounds(out: Path, side: str, name: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((out / side).glob(f"{name}_r*.json"))]
+
+
+def median_at(runs: list[dict[str, Any]], *path: str) -> float:
+    """The median over ``runs`` of the value at ``path`` (keys into each run's JSON)."""
+    values = []
+    for run in runs:
+        node: Any = run
+        for key in path:
+            node = node[key]
+        values.append(float(node))
+    return statistics.median(values)
+
+
+def row(label: str, variant: str, old: float, new: float) -> str:
+    return f"| {label} | {variant} | {old:.1f} | {new:.1f} | {new / old:.2f} |"
+
+
+def main() -> None:
+    out, old_ref = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "old"
+    lines = [f"Old: {old_ref}; new: the working tree. Medians over rounds; new/old < 1 is faster.", ""]
+    lines += ["| training step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
+    for task in ("fuzzy", "sraven"):
+        old, new = rounds(out, "old", f"train_{task}"), rounds(out, "new", f"train_{task}")
+        for variant in new[0]["variants"] if old and new else []:
+            v = ("variants", variant)
+            lone_old, lone_new = median_at(old, *v, "lone_ms_per_step"), median_at(new, *v, "lone_ms_per_step")
+            lines.append(row(f"{task}: lone run", variant, lone_old, lone_new))
+            stack_new = median_at(new, *v, "stacked_ms_per_step")
+            loop_old = median_at(old, *v, "other_stack_forwards", "loop", "stacked_ms_per_step")
+            lines.append(row(f"{task}: 3 runs stacked, `loop`", variant, loop_old, stack_new))
+            mode = old[0]["variants"][variant]["stack_forward"]
+            default_old = median_at(old, *v, "stacked_ms_per_step")
+            lines.append(row(f"{task}: 3 runs stacked, old default `{mode}`", variant, default_old, stack_new))
+    lines += ["", "| model step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
+    for task in ("sraven", "fuzzy"):
+        old, new = rounds(out, "old", f"step_{task}"), rounds(out, "new", f"step_{task}")
+        for variant in new[0]["variants"] if old and new else []:
+            v = ("variants", variant, "ms_per_step")
+            lines.append(row(task, variant, median_at(old, *v), median_at(new, *v)))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

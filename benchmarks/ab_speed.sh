@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A/B of the CPU speed tables (training throughput, lone and stacked; step time per attention variant)
+# between another commit and the working tree, on one machine in one sitting, sides alternating over
+# ROUNDS rounds (a shared machine drifts by 10% between commands). Summary: benchmarks/ab_speed.py.
+#
+# Usage: benchmarks/ab_speed.sh [OLD_REF] [OUT]   (defaults: 8252169, the commit before the training
+#        restructure into one shell and two engines; results/restructure_speed)
+# Environment: ROUNDS (default 2). Stop other work on the machine first: the timings are medians of
+# blocks, but two cores shared with anything else measure the other thing.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OLD_REF="${1:-8252169}"
+OUT="${2:-$REPO_ROOT/results/restructure_speed}"
+ROUNDS="${ROUNDS:-2}"
+PY="$REPO_ROOT/.venv/bin/python"
+
+tmp="$(mktemp -d)"
+git -C "$REPO_ROOT" worktree add --detach "$tmp/old" "$OLD_REF" >/dev/null 2>&1
+trap 'git -C "$REPO_ROOT" worktree remove --force "$tmp/old"; rm -rf "$tmp"' EXIT
+
+bench() {  # side, then the arguments of `hyla bench`
+    local side="$1" src
+    shift
+    src="$REPO_ROOT"
+    [ "$side" = old ] && src="$tmp/old"
+    (cd "$src" && PYTHONPATH="$src/src" "$PY" -m hyla bench "$@" >/dev/null)
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    for side in old new; do
+        dir="$OUT/$side"
+        mkdir -p "$dir"
+        # the old side's stacks ran each run in its own thread by default; time its run-by-run stack too
+        extra=()
+        [ "$side" = old ] && extra=(--also-stack-forward loop)
+        bench "$side" train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 20 --repeats 5 \
+            "${extra[@]}" --json "$dir/train_fuzzy_r$round.json"
+        bench "$side" train --task sraven --variants softmax,hyla --seeds 3 --steps 10 --repeats 3 \
+            "${extra[@]}" --json "$dir/train_sraven_r$round.json"
+        bench "$side" step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 \
+            --json "$dir/step_sraven_r$round.json"
+        bench "$side" step --task fuzzy_logic --variants softmax,linear,hyla --steps 30 \
+            --json "$dir/step_fuzzy_r$round.json"
+        echo "round $round: $side done"
+    done
+done
+"$PY" "$REPO_ROOT/benchmarks/ab_speed.py" "$OUT" "$OLD_REF"

@@ -1,0 +1,248 @@
+"""The coverage table (``hyla.attention.kernels.coverage.COVERAGE``) against what each backend does.
+
+For every preset: a backend the table lists as covering it runs and equals the direct form (forward and
+every gradient, float64, tiny sizes); one it lists as not covering it raises its error naming the cause.
+The dtype, ``torch.vmap`` and first-order limits are checked the same way, and the former backend names
+still select the same code. The Triton kernel runs under ``@pytest.mark.kernel`` (CUDA, or the interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from hyla.attention import PRESETS, Attention, AttentionConfig, attention_preset
+from hyla.attention.config import BACKEND_ALIASES, BACKENDS
+from hyla.attention.dispatch import dispatch
+from hyla.attention.functional import hypernetwork_attention
+from hyla.attention.kernels import (
+    COVERAGE,
+    CpuKernelUnavailableError,
+    FusedUnavailableError,
+    chunked_hypernetwork_attention,
+    covered_presets,
+    fused_cpu_hypernetwork_attention,
+    fused_cpu_unsupported_reason,
+    fused_hypernetwork_attention,
+    manual_backward_hypernetwork_attention,
+    manual_backward_unsupported_reason,
+)
+from hyla.attention.kernels.c.wrapper import HAS_VMAP_RULE
+from hyla.attention.kernels.coverage import variant_unsupported_reason
+from hyla.attention.kernels.triton import interpreter_enabled
+
+B, H, Q, K, E, D = 2, 3, 4, 5, 2, 3
+
+
+def _direct(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
+    return hypernetwork_attention(q, k, v, config, **kwargs)[0]  # type: ignore[arg-type]
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
+    return chunked_hypernetwork_attention(q, k, v, config, chunk_size=3, **kwargs)  # type: ignore[arg-type]
+
+
+#: backend -> (its function of q, k, v, config, mask, bias[, w_mid], the error it raises for an uncovered case)
+BACKEND_FUNCTIONS: dict[str, tuple[Callable[..., Tensor], type[Exception] | None]] = {
+    "direct": (_direct, None),
+    "chunked": (_chunked, None),
+    "manual_backward": (manual_backward_hypernetwork_attention, ValueError),
+    "fused_cpu": (fused_cpu_hypernetwork_attention, CpuKernelUnavailableError),
+    "fused": (fused_hypernetwork_attention, FusedUnavailableError),
+}
+CPU_BACKENDS = ("direct", "chunked", "manual_backward", "fused_cpu")
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _inputs(config: AttentionConfig, dtype: torch.dtype, device: torch.device) -> tuple[list[Tensor], Tensor]:
+    """Leaves ``[q, k, v, bias(1xHxQxK)(, w_mid)]`` requiring grad, and a causal-with-offset bool mask."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(B, H, Q, E), (B, H, K, E), (B, H, K, D), (1, H, Q, K)]
+    if config.value_network == "hyper_deep":
+        shapes.append((H, D, D))
+    leaves = [torch.randn(*s, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_() for s in shapes]
+    mask = (torch.arange(K)[None, :] <= torch.arange(Q)[:, None] + 1)[None, None].to(device)
+    return leaves, mask
+
+
+def _run(backend: str, config: AttentionConfig, leaves: list[Tensor], mask: Tensor) -> Tensor:
+    fn, _ = BACKEND_FUNCTIONS[backend]
+    q, k, v, bias, *w_mid = leaves
+    # only the direct and chunked forms take HYLA+'s extra layer (the others refuse hyper_deep before it matters)
+    extra = {"w_mid_HxDxD": w_mid[0]} if w_mid and backend in ("direct", "chunked") else {}
+    return fn(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **extra)
+
+
+def _check_equals_direct_form(backend: str, config: AttentionConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """``backend`` in ``dtype`` against the direct form in float64: output and the gradients of every input."""
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    leaves, mask = _inputs(config, dtype, device)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    y = _run(backend, config, leaves, mask)
+    ref = _run("direct", config, ref_leaves, mask)
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert _rel(y, ref) < tol
+    dy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = torch.autograd.grad(y, leaves, dy.to(device, dtype))
+    want = torch.autograd.grad(ref, ref_leaves, dy.to(device))
+    for name, a, b in zip(("q", "k", "v", "bias", "w_mid"), got, want):
+        assert _rel(a, b) < tol, name
+
+
+def _skip_without_c_compiler() -> None:
+    q = torch.zeros(1, 1, 1, 1)
+    reason = fused_cpu_unsupported_reason(attention_preset("hyla"), q, q, q)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def test_the_table_has_every_backend_and_the_aliases_name_backends() -> None:
+    assert set(COVERAGE) == set(BACKENDS) - {"auto"} == set(BACKEND_FUNCTIONS)
+    assert set(BACKEND_ALIASES.values()) <= set(BACKENDS) and not set(BACKEND_ALIASES) & set(BACKENDS)
+
+
+def test_covered_presets_as_documented() -> None:
+    assert covered_presets("direct") == covered_presets("chunked") == tuple(PRESETS)
+    kernel_presets = tuple(
+        name for name, c in PRESETS.items() if c.value_network == "hyper" and c.normalization != "softmax"
+    )
+    assert "hyla_softmax" not in kernel_presets and "hyla_plus" not in kernel_presets and "hyla" in kernel_presets
+    for backend in ("manual_backward", "fused_cpu", "fused"):
+        assert covered_presets(backend) == kernel_presets
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_cpu_backend_does_what_the_table_says(backend: str, preset: str) -> None:
+    config = attention_preset(preset)
+    reason = variant_unsupported_reason(backend, config)
+    if reason is None:
+        if backend == "fused_cpu":
+            _skip_without_c_compiler()
+        _check_equals_direct_form(backend, config, torch.float64, torch.device("cpu"))
+        return
+    _, error = BACKEND_FUNCTIONS[backend]
+    assert error is not None, f"{backend} is listed as not covering {preset} but has no error to raise"
+    leaves, mask = _inputs(config, torch.float64, torch.device("cpu"))
+    with pytest.raises(error, match=r"value_network|normalization"):
+        _run(backend, config, leaves, mask)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_backend_dtypes_as_the_table_says(backend: str, dtype: torch.dtype) -> None:
+    config = attention_preset("hyla")
+    dtypes = COVERAGE[backend].dtypes
+    if dtypes is None or dtype in dtypes:
+        if backend == "fused_cpu":
+            _skip_without_c_compiler()
+        leaves, mask = _inputs(config, dtype, torch.device("cpu"))
+        assert _run(backend, config, leaves, mask).dtype == dtype
+        return
+    _, error = BACKEND_FUNCTIONS[backend]
+    leaves, mask = _inputs(config, dtype, torch.device("cpu"))
+    with pytest.raises(error, match="dtype"):  # type: ignore[arg-type]
+        _run(backend, config, leaves, mask)
+
+
+@pytest.mark.parametrize("backend", ["manual_backward", "fused_cpu"])
+def test_vmap_as_the_table_says(backend: str) -> None:
+    config = attention_preset("hyla")
+    if backend == "fused_cpu":
+        _skip_without_c_compiler()
+    check = {
+        "manual_backward": lambda q: manual_backward_unsupported_reason(config, q),
+        "fused_cpu": lambda q: fused_cpu_unsupported_reason(config, q, q, q),
+    }[backend]
+    reasons: list[str | None] = []
+
+    def probe(q: Tensor) -> Tensor:
+        reasons.append(check(q))
+        return q
+
+    torch.vmap(probe)(torch.randn(2, 1, H, Q, E))
+    runs_in_vmap = COVERAGE[backend].vmap and (backend != "fused_cpu" or HAS_VMAP_RULE)
+    assert (reasons[0] is None) == runs_in_vmap, reasons
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_first_order_only_as_the_table_says(backend: str) -> None:
+    if backend == "fused_cpu":
+        _skip_without_c_compiler()
+    config = attention_preset("hyla")
+    leaves, mask = _inputs(config, torch.float64, torch.device("cpu"))
+    y = _run(backend, config, leaves, mask)
+    (dq,) = torch.autograd.grad(y.square().sum(), leaves[0], create_graph=True)
+    if COVERAGE[backend].first_order_only:
+        with pytest.raises(RuntimeError):
+            torch.autograd.grad(dq.sum(), leaves[0])
+    else:
+        assert torch.autograd.grad(dq.sum(), leaves[0])[0].shape == leaves[0].shape
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if variant_unsupported_reason("fused", PRESETS[p])))
+def test_fused_refuses_what_the_table_does_not_cover(preset: str) -> None:
+    """No Triton or GPU needed: the variant is checked before anything else."""
+    config = attention_preset(preset)
+    leaves, mask = _inputs(config, torch.float32, torch.device("cpu"))
+    with pytest.raises(FusedUnavailableError, match=r"value_network|normalization"):
+        _run("fused", config, leaves, mask)
+
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    """CUDA when available, else CPU under the Triton interpreter; skip otherwise (as in test_kernels)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (pip install 'hyla[kernels]')")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if not interpreter_enabled():
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not set (make test sets it)")
+    from hyla.attention.kernels.triton import kernel
+
+    if not kernel.INTERPRETED:
+        pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
+    return torch.device("cpu")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("preset", covered_presets("fused"))
+def test_fused_covers_what_the_table_says(device: torch.device, preset: str) -> None:
+    _check_equals_direct_form("fused", attention_preset(preset), torch.float32, device)
+
+
+@pytest.mark.kernel
+def test_fused_dtypes_as_the_table_says(device: torch.device) -> None:
+    config = attention_preset("hyla")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        leaves, mask = _inputs(config, dtype, device)
+        if dtype in (COVERAGE["fused"].dtypes or ()):
+            assert _run("fused", config, leaves, mask).dtype == dtype
+        else:
+            with pytest.raises(FusedUnavailableError, match="dtype"):
+                _run("fused", config, leaves, mask)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(BACKEND_ALIASES.items()))
+def test_former_backend_names_select_the_same_code(old: str, new: str) -> None:
+    """Saved run configs and command lines may say ``reference`` or ``explicit``: same backend, same numbers."""
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match=f"backend='{old}' is deprecated; use backend='{new}'"):
+        old_module = Attention(12, 3, "hyla", causal=True, backend=old)
+    new_module = Attention(12, 3, "hyla", causal=True, backend=new)
+    new_module.load_state_dict(old_module.state_dict())
+    assert old_module.backend == new
+    x = torch.randn(2, 5, 12)
+    assert torch.equal(old_module(x), new_module(x))
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.warns(DeprecationWarning):
+        y_old = dispatch(old, q, q, q, attention_preset("hyla"))
+    y_new = dispatch(new, q, q, q, attention_preset("hyla"))
+    assert (y_old is None and y_new is None) or torch.equal(y_old, y_new)  # type: ignore[arg-type]

@@ -1,0 +1,124 @@
+"""The training shell's pieces: the per-run step sums, the engine choice, and tasks owning their config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyla.tasks import REGISTRY
+from hyla.train.build import build_model, build_task, sized_config
+from hyla.train.config import DataConfig, load_config, task_options
+from hyla.train.engine import StepSums
+from hyla.train.loop import Trainer
+from hyla.train.optim import StackedAdamW, build_optimizer, decayed_parameter_names, lr_at
+from tiny import tiny_overrides
+
+TINY = tiny_overrides(layers=1, steps=4, every=2, log_every=2, warmup_steps=1)
+
+
+def test_step_sums_add_take_and_flag_per_run() -> None:
+    sums = StepSums(2, ("loss", "r2"), torch.device("cpu"))
+    assert sums.take() is None and sums.bad_runs() == []
+    for step, (a, b) in enumerate([(1.0, 2.0), (3.0, float("nan")), (5.0, 7.0)], start=1):
+        loss_R = torch.tensor([a, b], dtype=torch.float64)
+        sums.add({"loss": loss_R, "r2": 2 * loss_R}, loss_R, step)
+    keys, sums_RxK = sums.take()
+    assert keys == ["loss", "r2"] and sums_RxK[0].tolist() == [9.0, 18.0] and sums_RxK[1].isnan().all()
+    assert sums.take() is None  # taken: starts anew
+    assert sums.bad_runs() == [(1, 2)]  # the first non-finite step is kept
+    # a captured step adds into fixed buffers, which a take zeroes instead of dropping
+    sums.fix_buffers()
+    buffer = sums.sums_R["loss"]
+    sums.add({"loss": torch.ones(2, dtype=torch.float64), "r2": torch.ones(2, dtype=torch.float64)}, torch.ones(2), 4)
+    assert sums.take()[1].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert sums.sums_R["loss"] is buffer and buffer.tolist() == [0.0, 0.0]
+    snap = sums.snapshot()
+    sums.add({"loss": torch.ones(2, dtype=torch.float64)}, torch.tensor([float("inf"), 1.0]), 5)
+    sums.restore(snap)
+    assert buffer.tolist() == [0.0, 0.0] and sums.bad_runs() == [(1, 2)]
+
+
+def test_engine_choice_and_its_errors(tmp_path: Path) -> None:
+    cfgs = [load_config("fuzzy_logic", [*TINY, f"seed={s}"]) for s in (0, 1)]
+    with pytest.raises(ValueError, match="engine='fast' is not valid; allowed values: auto, lone, stacked"):
+        Trainer(cfgs[0], tmp_path / "x", engine="fast")
+    with pytest.raises(ValueError, match="the lone engine trains one run, got 2"):
+        Trainer(cfgs, [tmp_path / "a", tmp_path / "b"], engine="lone")
+    auto = Trainer(cfgs, [tmp_path / "c", tmp_path / "d"], quiet=True)
+    assert type(auto.engine).__name__ == "StackedEngine" and auto.num_runs == 2
+    auto.close()
+    one = Trainer(cfgs[:1], [tmp_path / "e"], quiet=True)
+    assert type(one.engine).__name__ == "LoneEngine"
+    one.close()
+
+
+def test_stacked_adamw_equals_torch_adamw_and_converts_both_ways() -> None:
+    """Two runs with different lr / weight decay, 5 steps on random gradients: the stacked update is
+    ``torch.optim.AdamW``'s, and a run's moments survive the trip to its state format and back."""
+    cfgs = [load_config("fuzzy_logic", [*TINY, "train.lr=0.01", "train.weight_decay=0.3"])]
+    cfgs.append(load_config("fuzzy_logic", [*TINY, "train.lr=0.003", "train.weight_decay=0.1"]))
+    task = build_task(cfgs[0])
+    models = [build_model(cfg, task) for cfg in cfgs]
+    decayed = decayed_parameter_names(models[0], cfgs[0].train.weight_decay_mask)
+    named = list(models[0].named_parameters())
+    order = [n for n, _ in named if n in decayed] + [n for n, _ in named if n not in decayed]  # decayed first
+    shapes = dict(named)
+    columns, offset = {}, 0
+    for n in order:
+        columns[n] = slice(offset, offset + shapes[n].numel())
+        offset += shapes[n].numel()
+    with torch.no_grad():
+        rows = [dict(m.named_parameters()) for m in models]
+        flat_RxN = torch.stack([torch.cat([row[n].reshape(-1) for n in order]) for row in rows])
+    stacked = StackedAdamW(flat_RxN, sum(shapes[n].numel() for n in decayed), cfgs)
+    optimizers = [build_optimizer(m, cfg, torch.device("cpu")) for m, cfg in zip(models, cfgs)]
+    gen = torch.Generator().manual_seed(0)
+    for step in range(5):
+        grad_RxN = torch.randn(flat_RxN.shape, generator=gen)
+        for r, (model, opt) in enumerate(zip(models, optimizers)):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfgs[r])
+            for n, p in model.named_parameters():
+                p.grad = grad_RxN[r, columns[n]].reshape(p.shape).clone()
+            opt.step()
+        stacked.step(grad_RxN, stacked.schedule_row(step))
+    for r, model in enumerate(models):
+        params = dict(model.named_parameters())
+        lone = torch.cat([params[n].detach().reshape(-1) for n in order])
+        torch.testing.assert_close(flat_RxN[r], lone, rtol=1e-5, atol=1e-6)
+    opt = stacked.to_adamw(1, models[1], columns, step=5)
+    assert opt.state[next(models[1].parameters())]["step"].item() == 5.0
+    copy = StackedAdamW(flat_RxN.clone(), stacked.num_decayed, cfgs)
+    copy.load_adamw(1, opt, models[1], columns)
+    assert torch.equal(copy.exp_avg_RxN[1], stacked.exp_avg_RxN[1])
+    assert torch.equal(copy.exp_avg_sq_RxN[1], stacked.exp_avg_sq_RxN[1])
+    assert copy.exp_avg_RxN[0].abs().sum() == 0 < stacked.exp_avg_RxN[0].abs().sum()  # only run 1 was loaded
+
+
+def test_every_registered_task_owns_its_data_keys() -> None:
+    data_keys = {f.name for f in dataclasses.fields(DataConfig)}
+    for name, entry in REGISTRY.items():
+        own = {f.name for f in dataclasses.fields(entry.options)}
+        assert own <= data_keys, name
+        options = task_options(DataConfig(task=name))
+        assert type(options) is entry.options
+    with pytest.raises(ValueError, match=r"data\.task='chess' is not valid; allowed values: sraven, fuzzy_logic, text"):
+        load_config("fuzzy_logic", ["data.task=chess"])
+    with pytest.raises(ValueError, match=r"data\.split_style='nope' is not valid; allowed values: cover, authors"):
+        load_config("fuzzy_logic", ["data.split_style=nope"])
+
+
+def test_the_model_is_sized_by_the_task_without_changing_the_config() -> None:
+    cfg = load_config("sraven", TINY)
+    before = cfg.to_dict()
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    assert cfg.to_dict() == before and cfg.model.input_dim is None
+    sized = sized_config(cfg, task)
+    assert (sized.model.input_dim, sized.model.output_dim) == (task.input_dim, task.output_dim)
+    if cfg.model.relative_position:
+        assert sized.model.relative_position_buckets == task.seq_len
+    assert model(task.sample(2, "train", torch.Generator().manual_seed(0)).inputs).shape[-1] == task.output_dim
