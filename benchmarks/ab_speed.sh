@@ -11,7 +11,7 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OLD_REF="${1:-8252169}"
-OUT="${2:-$REPO_ROOT/results/restructure_speed}"
+OUT="$(realpath -m "${2:-$REPO_ROOT/results/restructure_speed}")"
 ROUNDS="${ROUNDS:-2}"
 PY="$REPO_ROOT/.venv/bin/python"
 
