@@ -114,7 +114,7 @@ def test_stacked_resume_and_lone_resume_of_a_stacked_run(tmp_path: Path) -> None
 
 def test_signal_stops_a_stack_with_checkpoints_and_resume_matches(tmp_path: Path) -> None:
     """SIGTERM mid-run: every run's checkpoint is written at that step, and resuming gives the
-    uninterrupted stack's metrics (the stack and the lone trainer share one run loop, ``drive``)."""
+    uninterrupted stack's metrics (both engines run in the one shell, ``hyla.train.loop.Trainer``)."""
     args = ["train", "fuzzy_logic", *TINY, "--seeds", "0,1", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     cfgs, outs = stacked_configs_for(tmp_path / "parts", "0,1")
@@ -167,7 +167,7 @@ def test_bad_input_is_refused_with_the_parameter_named(tmp_path: Path, capsys) -
     cfgs = [load_config("sraven", TINY), load_config("sraven", [*TINY, "model.num_layers=1"])]
     with pytest.raises(ValueError, match=r"these differ too: model\.num_layers"):
         Trainer(cfgs, [tmp_path / "a", tmp_path / "b"], engine="stacked")
-    with pytest.raises(ValueError, match="out_dirs must hold one directory per run"):
+    with pytest.raises(ValueError, match="run_dirs must hold one directory per run"):
         Trainer(cfgs[:1], [tmp_path / "a", tmp_path / "b"], engine="stacked")
 
 

@@ -112,17 +112,13 @@ class Trainer:
         cfgs = cfgs if isinstance(cfgs, list) else [cfgs]
         outs = [Path(p) for p in run_dirs] if isinstance(run_dirs, list) else [Path(run_dirs)]
         if len(cfgs) != len(outs):
-            raise ValueError(f"out_dirs must hold one directory per run: {len(cfgs)} runs, {len(outs)} dirs")
+            raise ValueError(f"run_dirs must hold one directory per run: {len(cfgs)} runs, {len(outs)} dirs")
         if len({p.resolve() for p in outs}) != len(outs):
-            raise ValueError(f"out_dirs must be distinct, got {[str(p) for p in outs]}")
+            raise ValueError(f"run_dirs must be distinct, got {[str(p) for p in outs]}")
         self.engine = make_engine(cfgs, outs, engine, device)
         self.runs = [Run(cfg, out) for cfg, out in zip(self.engine.cfgs, outs)]  # model sized by the task
-        self.cfg, self.task, self.device, self.dist = (
-            self.runs[0].cfg,
-            self.engine.task,
-            self.engine.device,
-            self.engine.dist,
-        )
+        self.cfg, self.task = self.runs[0].cfg, self.engine.task
+        self.device, self.dist = self.engine.device, self.engine.dist
         self.stop_at_step, self.quiet = stop_at_step, quiet
         self.deadline: float | None = None
         self.step = 0
