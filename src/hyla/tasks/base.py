@@ -40,6 +40,8 @@ class Task(ABC):
     #: ``loss``/``metrics`` read only the last P positions of the outputs (None: all); the trainer
     #: then asks the model for those positions only, which skips most of the last layer's work
     num_output_positions: int | None = None
+    #: inputs are token ids (the model embeds a vocabulary), not vectors
+    token_inputs: bool = False
     #: why runs of this task cannot be stacked in one process (None: they can)
     not_stackable_because: str | None = None
 

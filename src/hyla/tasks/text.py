@@ -141,6 +141,7 @@ class TextTask(Task):
     eval_splits = ("val",)
     num_output_positions = None
     not_stackable_because = "language-model runs are trained one by one"
+    token_inputs = True
 
     @classmethod
     def from_options(cls, options: TextOptions, split_seed: int, run_dir: Path | None = None) -> TextTask:

@@ -150,7 +150,8 @@ class ExperimentConfig:
             )
         model = self.model
         if model.input_dim is None and model.vocab_size is None:  # the task sets its sizes: check the rest now
-            sizes = {"vocab_size": 2, "output_dim": 2} if self.data.task == "text" else {"input_dim": 1}
+            tokens = task_entry(self.data.task).task.token_inputs
+            sizes = {"vocab_size": 2, "output_dim": 2} if tokens else {"input_dim": 1}
             model = dataclasses.replace(model, **sizes)
         model.validate()
 
