@@ -8,7 +8,6 @@ still select the same code. The Triton kernel runs under ``@pytest.mark.kernel``
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 import pytest
@@ -33,7 +32,7 @@ from hyla.attention.kernels import (
 )
 from hyla.attention.kernels.c.wrapper import HAS_VMAP_RULE
 from hyla.attention.kernels.coverage import variant_unsupported_reason
-from hyla.attention.kernels.triton import interpreter_enabled
+from tiny import triton_device_or_skip
 
 B, H, Q, K, E, D = 2, 3, 4, 5, 2, 3
 
@@ -198,18 +197,7 @@ def test_fused_refuses_what_the_table_does_not_cover(preset: str) -> None:
 
 @pytest.fixture(scope="module")
 def device() -> torch.device:
-    """CUDA when available, else CPU under the Triton interpreter; skip otherwise (as in test_kernels)."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (pip install 'hyla[kernels]')")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if not interpreter_enabled():
-        pytest.skip("no CUDA device and TRITON_INTERPRET is not set (make test sets it)")
-    from hyla.attention.kernels.triton import kernel
-
-    if not kernel.INTERPRETED:
-        pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
-    return torch.device("cpu")
+    return triton_device_or_skip()
 
 
 @pytest.mark.kernel

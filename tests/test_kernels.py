@@ -25,7 +25,7 @@ from hyla.attention.kernels import (
     fused_hypernetwork_attention,
     fused_unsupported_reason,
 )
-from hyla.attention.kernels.triton import interpreter_enabled
+from tiny import triton_device_or_skip
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
@@ -36,18 +36,7 @@ def rel_err(out: Tensor, ref: Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def device() -> torch.device:
-    """CUDA when available, else CPU under the Triton interpreter; skip otherwise."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (pip install 'hyla[kernels]')")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if not interpreter_enabled():
-        pytest.skip("no CUDA device and TRITON_INTERPRET is not set (make test sets it)")
-    from hyla.attention.kernels.triton import kernel
-
-    if not kernel.INTERPRETED:
-        pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
-    return torch.device("cpu")
+    return triton_device_or_skip()
 
 
 @dataclass(frozen=True)

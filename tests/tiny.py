@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 def tiny_overrides(
@@ -50,3 +53,26 @@ def sigterm_after_step(trainer: Any, step: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     trainer.train_step = step_then_sigterm
+
+
+def triton_device_or_skip() -> torch.device:
+    """Where the Triton kernel tests run: CUDA when available, else CPU under the Triton interpreter;
+    skips the test otherwise."""
+    import importlib.util
+
+    import pytest
+    import torch
+
+    from hyla.attention.kernels.triton import interpreter_enabled
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (pip install 'hyla[kernels]')")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if not interpreter_enabled():
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not set (make test sets it)")
+    from hyla.attention.kernels.triton import kernel
+
+    if not kernel.INTERPRETED:
+        pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
+    return torch.device("cpu")

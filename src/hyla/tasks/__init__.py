@@ -19,11 +19,11 @@ from hyla.tasks.text import TextOptions, TextTask
 
 @dataclass(frozen=True)
 class TaskEntry:
-    task: type[Task]  # with a classmethod from_options(options, split_seed, run_dir)
+    task: type[Task]
     options: type  # the task's options dataclass: its data.* config keys and their defaults
 
     def build(self, options: Any, split_seed: int, run_dir: Path | None = None) -> Task:
-        return self.task.from_options(options, split_seed, run_dir)  # type: ignore[attr-defined]
+        return self.task.from_options(options, split_seed, run_dir)
 
 
 #: ``data.task`` -> its task class and options

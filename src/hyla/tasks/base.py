@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +46,11 @@ class Task(ABC):
     token_inputs: bool = False
     #: why runs of this task cannot be stacked in one process (None: they can)
     not_stackable_because: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any, split_seed: int, run_dir: Path | None = None) -> Task:
+        """The task of a config: its options dataclass (the ``data.*`` keys) as constructor arguments."""
+        return cls(**dataclasses.asdict(options), split_seed=split_seed)
 
     @property
     def splits(self) -> tuple[str, ...]:

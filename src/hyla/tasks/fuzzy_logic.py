@@ -31,11 +31,9 @@ predicts it at the last position (``outputs[:, -1, 0]``). ``targets`` are all N 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,10 +69,6 @@ class FuzzyLogic(Task):
 
     name = "fuzzy_logic"
     primary_metric = "r2"
-
-    @classmethod
-    def from_options(cls, options: FuzzyLogicOptions, split_seed: int, run_dir: Path | None = None) -> FuzzyLogic:
-        return cls(**dataclasses.asdict(options), split_seed=split_seed)
 
     num_output_positions = 1
 

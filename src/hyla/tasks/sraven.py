@@ -36,12 +36,10 @@ generator's device, turned into indices by ``floor(u * n)`` (uniform to within `
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -110,10 +108,6 @@ class SRaven(Task):
 
     name = "sraven"
     primary_metric = "acc"
-
-    @classmethod
-    def from_options(cls, options: SRavenOptions, split_seed: int, run_dir: Path | None = None) -> SRaven:
-        return cls(**dataclasses.asdict(options), split_seed=split_seed)
 
     def __init__(
         self,

@@ -12,7 +12,8 @@ no host synchronization; the shell reads them back only when it logs.
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,16 @@ def autocast(cfg: ExperimentConfig, device: torch.device) -> AbstractContextMana
     if not cfg.train.bf16:
         return nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the block, then in train mode again."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
 
 
 def set_tf32(cfg: ExperimentConfig, device: torch.device) -> None:

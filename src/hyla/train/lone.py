@@ -7,7 +7,7 @@ auxiliary loss, and ``train.graph_step`` (:class:`WholeStepGraph`). The shell
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from hyla.models import num_parameters
 from hyla.train.build import build_model, build_task, sized_config
 from hyla.train.checkpoint import CheckpointError, TrainingState
 from hyla.train.config import ExperimentConfig
-from hyla.train.engine import StepSums, autocast, check_device, generator_states, init_distributed, set_tf32
+from hyla.train.engine import StepSums, autocast, check_device, eval_mode, generator_states, init_distributed, set_tf32
 from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.optim import build_optimizer, lr_at
 
@@ -116,13 +116,8 @@ class LoneEngine:
                 self.sums.add(means, loss.detach().view(1), next_step)
         self.optimizer.step()
 
-    @contextmanager
-    def evaluation(self) -> Any:
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train()
+    def evaluation(self) -> AbstractContextManager[None]:
+        return eval_mode(self.model)
 
     def eval_forward(self, x: Tensor) -> Tensor:
         return self.model(x, last_positions=self.task.num_output_positions).unsqueeze(0)

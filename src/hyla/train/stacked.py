@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from hyla.tasks.base import Batch
 from hyla.train.build import build_model, build_task, sized_config
 from hyla.train.checkpoint import CheckpointError, TrainingState
 from hyla.train.config import ExperimentConfig
-from hyla.train.engine import Dist, StepSums, autocast, check_device, set_tf32
+from hyla.train.engine import Dist, StepSums, autocast, check_device, eval_mode, set_tf32
 from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 from hyla.train.optim import StackedAdamW, decayed_parameter_names
 
@@ -285,13 +285,8 @@ class StackedEngine:
         assert grad_RxN is not None
         self.optimizer.step(grad_RxN, self.optimizer.schedule_row(step))
 
-    @contextmanager
-    def evaluation(self) -> Any:
-        self.template.eval()
-        try:
-            yield
-        finally:
-            self.template.train()
+    def evaluation(self) -> AbstractContextManager[None]:
+        return eval_mode(self.template)
 
     def eval_forward(self, x: Tensor) -> Tensor:
         return self._forward_eval(self.params, self.buffers, x)
