@@ -31,6 +31,8 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
                 "8",
                 "--backend",
                 "manual_backward",
+                "--dropout",
+                "0.1",
                 "--json",
                 str(step),
             ]
@@ -39,6 +41,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
     )
     d = json.loads(step.read_text())
     assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "manual_backward"
+    assert d["dropout"] == 0.1
     assert all({"ms_per_step", "peak_mem_mb"} <= set(v) for v in d["variants"].values())
     data = tmp_path / "data.json"
     assert (

@@ -186,6 +186,49 @@ def test_first_order_only_as_the_table_says(backend: str) -> None:
         assert torch.autograd.grad(dq.sum(), leaves[0])[0].shape == leaves[0].shape
 
 
+def _graph_names(t: Tensor) -> set[str]:
+    """The names of the autograd nodes that produced ``t``."""
+    names, stack, seen = set(), [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, "auto"])
+def test_attention_dropout_runs_where_the_table_says_and_equals_the_direct_form(backend: str) -> None:
+    """Training with dropout: a backend whose entry has ``dropout`` drops the same pairs itself (forward and
+    parameter gradients equal the direct form's); any other leaves the step to the direct form (bit-equal)."""
+    if backend in ("fused_cpu", "auto"):
+        _skip_without_c_compiler()
+    torch.manual_seed(0)
+    x_BxTxD = torch.randn(2, 6, 12, dtype=torch.float64)
+    attn = Attention(12, 3, "hyla", dropout=0.3, relative_position=True, backend=backend).double()
+    ref = Attention(12, 3, "hyla", dropout=0.3, relative_position=True, backend="direct").double()
+    ref.load_state_dict(attn.state_dict())
+    outs = []
+    for module in (attn, ref):
+        torch.manual_seed(7)  # the same keep-mask
+        y = module(x_BxTxD)
+        y.square().sum().backward()
+        outs.append(y)
+    runs_itself = "fused_cpu" if backend == "auto" else backend
+    in_kernel = any("FusedCpuAttention" in n or "fused_cpu" in n.lower() for n in _graph_names(outs[0]))
+    if COVERAGE[runs_itself].dropout and runs_itself != "direct":
+        assert in_kernel, _graph_names(outs[0])
+        assert _rel(outs[0], outs[1]) < 1e-12
+        for (name, p), p_ref in zip(attn.named_parameters(), ref.parameters()):
+            assert _rel(p.grad, p_ref.grad) < 1e-10, name
+    else:
+        assert not in_kernel and torch.equal(outs[0], outs[1])
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(attn.parameters(), ref.parameters()))
+    assert not torch.equal(outs[1], ref.eval()(x_BxTxD)), "the step did not drop any pair"
+
+
 @pytest.mark.parametrize("preset", sorted(p for p in PRESETS if variant_unsupported_reason("fused", PRESETS[p])))
 def test_fused_refuses_what_the_table_does_not_cover(preset: str) -> None:
     """No Triton or GPU needed: the variant is checked before anything else."""

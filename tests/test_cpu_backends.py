@@ -9,7 +9,13 @@ import torch
 
 from hyla.attention import Attention, attention_preset
 from hyla.attention.dispatch import cpu_auto_choice, dispatch
-from hyla.attention.functional import hypernetwork_attention
+from hyla.attention.functional import (
+    attention_scores,
+    drop_pairs,
+    hypernetwork_attention,
+    normalize_scores,
+    value_network,
+)
 from hyla.attention.kernels import (
     CpuKernelUnavailableError,
     fused_cpu_hypernetwork_attention,
@@ -116,6 +122,47 @@ def test_gradcheck(impl: str) -> None:
     assert torch.autograd.gradcheck(
         lambda *t: IMPLEMENTATIONS[impl](*t[:3], config, mask_Bx1xQxK=mask, bias=t[3]), (q, k, v, bias)
     )
+
+
+@pytest.mark.parametrize("normalization", ["rms_head", "none"])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_fused_cpu_attention_dropout_equals_the_direct_form(normalization: str, dtype: torch.dtype, tol: float) -> None:
+    """The kernel's dropout (one Q x K keep-mask for batch and heads, after normalization) against
+    ``drop_pairs`` in the direct form, forward and every gradient, with a mask and a bias."""
+    config = attention_preset("hyla", normalization=normalization)
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(B, H, Q, E), (B, H, K, E), (B, H, K, D), (H, Q, K)]
+    base = [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
+    mask, p = torch.rand(B, 1, Q, K, generator=gen) > 0.2, 0.3
+    keep_11xQxK = torch.rand(1, 1, Q, K, generator=gen) >= p
+    ref_in = [t.clone().requires_grad_() for t in base]
+    got_in = [t.to(dtype).requires_grad_() for t in base]
+    s = attention_scores(ref_in[0], ref_in[1], ref_in[3])
+    a = normalize_scores(s, config.normalization, mask, config.rms_eps)
+    y_ref, _ = value_network(drop_pairs(a, p, keep_11xQxK), ref_in[2], config.value_network, config.nonlinearity)
+    y_got = fused_cpu_hypernetwork_attention(
+        *got_in[:3], config, mask_Bx1xQxK=mask, bias=got_in[3], dropout_keep_11xQxK=keep_11xQxK, dropout=p
+    )
+    dy = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
+    errors = [_rel(y_got, y_ref)] + [
+        _rel(g, r)
+        for g, r in zip(torch.autograd.grad(y_got, got_in, dy.to(dtype)), torch.autograd.grad(y_ref, ref_in, dy))
+    ]
+    assert max(errors) < tol, errors
+    plain = fused_cpu_hypernetwork_attention(*got_in[:3], config, mask_Bx1xQxK=mask, bias=got_in[3])
+    assert _rel(plain, y_got) > 0.01  # the mask dropped something
+
+
+def test_fused_cpu_attention_dropout_gradcheck_and_bad_mask() -> None:
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, n, 2, generator=gen, dtype=torch.float64, requires_grad=True) for n in (4, 5, 5))
+    keep = torch.rand(1, 1, 4, 5, generator=gen) >= 0.25
+    config = attention_preset("hyla")
+    assert torch.autograd.gradcheck(
+        lambda *t: fused_cpu_hypernetwork_attention(*t, config, dropout_keep_11xQxK=keep, dropout=0.25), (q, k, v)
+    )
+    with pytest.raises(ValueError, match=r"dropout_keep_11xQxK must hold one entry per \(query, key\) pair"):
+        fused_cpu_hypernetwork_attention(q, k, v, config, dropout_keep_11xQxK=keep[..., :3], dropout=0.25)
 
 
 def test_auto_picks_the_c_kernel_on_cpu() -> None:
@@ -281,6 +328,7 @@ def test_fused_cpu_custom_op_passes_opcheck() -> None:
     v_T = torch.randn(2, 3, 4, 6, generator=gen, requires_grad=True)
     bias = torch.randn(3, 4, 6, generator=gen, requires_grad=True)
     keep = (torch.rand(1, 4, 6, generator=gen) > 0.3).to(torch.uint8)
-    args = (q, k_T, v_T, bias, keep, 1, True, 1e-6)
+    drop = (torch.rand(4, 6, generator=gen) > 0.1).to(torch.uint8)
+    args = (q, k_T, v_T, bias, keep, drop, 0.9, 1, True, 1e-6)
     results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
     assert set(results.values()) == {"SUCCESS"}, results

@@ -9,6 +9,7 @@ for an intended numerical change: ``python tests/golden/run_golden.py --write``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -23,11 +24,19 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 def test_golden_runs_reproduce_their_records_exactly(tmp_path: Path) -> None:
     run_golden.run_all(tmp_path)
     ours, golden = run_golden.metrics_files(tmp_path), run_golden.metrics_files(run_golden.RECORDS)
-    assert sorted(ours) == sorted(golden) and len(golden) == 10
+    assert sorted(ours) == sorted(golden) and len(golden) == 11
     for name in golden:
         assert ours[name] == golden[name], f"golden run {name}: metrics.jsonl differs from tests/golden/records"
     # stopping and resuming changes nothing
     assert golden["fuzzy_hyla_authors_resumed"] == golden["fuzzy_hyla_authors"]
+    # the C kernel (dropout included) and the direct form train the same run up to rounding
+    kernel, direct = (
+        [json.loads(line) for line in golden[name].splitlines()]
+        for name in ("fuzzy_hyla_authors", "fuzzy_hyla_authors_direct")
+    )
+    assert kernel != direct and [(m["step"], m["split"]) for m in kernel] == [(m["step"], m["split"]) for m in direct]
+    for a, b in zip(kernel, direct):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
 
 
 def test_a_checkpoint_from_before_the_restructure_resumes_onto_the_golden_numbers(tmp_path: Path) -> None:
@@ -36,7 +45,9 @@ def test_a_checkpoint_from_before_the_restructure_resumes_onto_the_golden_number
     env = {**__import__("os").environ, **run_golden.GOLDEN_ENV}
     env["PYTHONPATH"] = str(GOLDEN.parents[1] / "src")
     config = str(GOLDEN / "configs" / "fuzzy_hyla_authors.yaml")
-    cmd = [sys.executable, "-m", "hyla", "train", config, "--out", str(run), "--quiet", "--resume"]
+    # it trained with dropout through the direct form (the C kernel did not drop then): it continues there
+    direct = "model.attention_backend=direct"
+    cmd = [sys.executable, "-m", "hyla", "train", config, direct, "--out", str(run), "--quiet", "--resume"]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    golden = (run_golden.RECORDS / "fuzzy_hyla_authors" / "metrics.jsonl").read_text()
+    golden = (run_golden.RECORDS / "fuzzy_hyla_authors_direct" / "metrics.jsonl").read_text()
     assert (run / "metrics.jsonl").read_text() == golden

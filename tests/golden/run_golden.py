@@ -62,6 +62,13 @@ SPECS: dict[str, tuple[str, list[str], str]] = {
     # the authors' setup as the paper configs use it today, spelled out
     "fuzzy_hyla_authors": ("fuzzy_logic", ["seed=1", "train.moe_aux_weight=0.01"], "lone"),
     "fuzzy_hyla_authors_resumed": ("fuzzy_logic", ["seed=1", "train.moe_aux_weight=0.01"], "stop@5"),
+    # the same through the direct form (also at evaluation): its training steps are those of the
+    # fuzzy_hyla_authors record from before the C kernel learned to drop (then, dropout meant the direct form)
+    "fuzzy_hyla_authors_direct": (
+        "fuzzy_logic",
+        ["seed=1", "train.moe_aux_weight=0.01", "model.attention_backend=direct"],
+        "lone",
+    ),
     "sraven_hyla_stacked": ("sraven", LIBRARY, "seeds 0,1,2"),
     "fuzzy_moe": ("fuzzy_logic", [*LIBRARY, "model.moe_experts=3", "model.moe_top_k=2"], "lone"),
 }

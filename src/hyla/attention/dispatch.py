@@ -9,7 +9,7 @@ accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
 * ``fused_cpu``: :mod:`hyla.attention.kernels.c`, a C kernel (OpenMP, forward and backward) that
   never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
   ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32/float64, masks, biases
-  broadcastable to ``1xHxQxK``, first-order gradients; registered as the custom ops
+  broadcastable to ``1xHxQxK``, attention dropout, first-order gradients; registered as the custom ops
   ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
   runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
   :class:`~hyla.attention.kernels.errors.CpuKernelUnavailableError` naming the cause;
@@ -28,6 +28,8 @@ accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
   ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
   (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
   :class:`~hyla.attention.kernels.errors.FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
+* with attention dropout (a keep-mask given), only the backends whose ``COVERAGE`` entry has
+  ``dropout`` run it (``fused_cpu``, also when ``auto`` chooses it); the others leave it to the direct form;
 * ``auto``: on CPU (any non-CUDA device), by :func:`cpu_auto_choice`: ``fused_cpu`` when it covers the
   case (and a C compiler is there) and head dims are at most 8 or the scores tensor is large, else
   ``manual_backward`` for head dims up to 16 when it covers the case (e.g. bfloat16), else the direct
@@ -54,6 +56,7 @@ from hyla.attention.config import AttentionConfig, canonical_backend
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
+from hyla.attention.kernels.coverage import COVERAGE
 from hyla.attention.kernels.manual_backward import (
     manual_backward_hypernetwork_attention,
     manual_backward_unsupported_reason,
@@ -200,16 +203,37 @@ def dispatch(
     bias: Tensor | None = None,
     w_mid_HxDxD: Tensor | None = None,
     chunk_size: int = 256,
+    dropout_keep_11xQxK: Tensor | None = None,
+    dropout: float = 0.0,
 ) -> Tensor | None:
     """``y_BxHxQxD`` from the chosen backend, or None: use the direct form.
 
     ``mask`` is bool broadcastable to ``Bx1xQxK`` (True = may attend), ``bias`` broadcastable to
-    ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused). ``backend`` is
-    one of :data:`~hyla.attention.config.BACKENDS` or a former name of one.
+    ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused). With
+    ``dropout_keep_11xQxK`` (attention dropout at rate ``dropout``,
+    :func:`~hyla.attention.functional.dropout_keep_mask`) only a backend that covers dropout runs.
+    ``backend`` is one of :data:`~hyla.attention.config.BACKENDS` or a former name of one.
     """
     backend = canonical_backend(backend)
     if backend == "direct":
         return None
+    if dropout_keep_11xQxK is not None:
+        if backend == "auto" and q_BxHxQxE.device.type != "cuda":
+            backend = cpu_auto_choice(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
+        if not (backend in COVERAGE and COVERAGE[backend].dropout):
+            return None
+        if backend == "fused_cpu":
+            return fused_cpu_hypernetwork_attention(
+                q_BxHxQxE,
+                k_BxHxKxE,
+                v_BxHxKxD,
+                config,
+                mask_Bx1xQxK=mask,
+                bias=bias,
+                dropout_keep_11xQxK=dropout_keep_11xQxK,
+                dropout=dropout,
+            )
+        raise AssertionError(f"COVERAGE says backend {backend!r} covers dropout, but dispatch does not pass it")
     if backend == "chunked":
         return chunked_hypernetwork_attention(
             q_BxHxQxE,

@@ -68,10 +68,17 @@ def normalize_scores(
     raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
 
 
-def drop_pairs(a_BxHxQxK: Tensor, p: float) -> Tensor:
-    """Attention dropout on the latent code: one Bernoulli keep-mask ``1 x 1 x Q x K`` shared over batch and
-    heads (drawn from torch's default generator of ``a``'s device), kept pairs scaled by ``1 / (1 - p)``."""
-    keep_11xQxK = torch.rand((1, 1, *a_BxHxQxK.shape[-2:]), device=a_BxHxQxK.device) >= p
+def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.device) -> Tensor:
+    """The keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
+    one for the whole batch and every head, drawn from torch's default generator of ``device``."""
+    return torch.rand((1, 1, num_queries, num_keys), device=device) >= p
+
+
+def drop_pairs(a_BxHxQxK: Tensor, p: float, keep_11xQxK: Tensor | None = None) -> Tensor:
+    """Attention dropout on the latent code: kept pairs scaled by ``1 / (1 - p)``, the others zero;
+    ``keep_11xQxK`` drawn by :func:`dropout_keep_mask` unless given."""
+    if keep_11xQxK is None:
+        keep_11xQxK = dropout_keep_mask(*a_BxHxQxK.shape[-2:], p, a_BxHxQxK.device)
     return a_BxHxQxK * keep_11xQxK / (1 - p)
 
 

@@ -106,8 +106,9 @@ class Attention(nn.Module):
         dropout: while training, drop (q, k) pairs of the latent code with this probability (one
             ``1 x 1 x Q x K`` mask shared over batch and heads, kept pairs scaled by ``1 / (1 - p)``),
             after normalization, so a hyper value network sees the dropped code in every generated
-            layer (the paper's code: ``attention_dropout_rate=0.1``). Training with dropout uses the
-            direct form (the kernels do not drop).
+            layer (the paper's code: ``attention_dropout_rate=0.1``). Of the kernels only the C kernel
+            (``fused_cpu``, also under ``auto``) drops; the others leave a training step with dropout to
+            the direct form.
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
@@ -316,7 +317,7 @@ class Attention(nn.Module):
         return (out, a) if return_latent else out
 
     def _uses_direct_form(self, need_latent: bool) -> bool:
-        if need_latent or self.backend == "direct" or not self.config.is_hyper or self._drops:
+        if need_latent or self.backend == "direct" or not self.config.is_hyper:
             return True
         hooks = (self.hook_scores, self.hook_latent, self.hook_hidden)
         return any(h.has_hooks for h in hooks)
@@ -328,6 +329,8 @@ class Attention(nn.Module):
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_latent: bool
     ) -> tuple[Tensor, Tensor | None]:
+        # drawn before anything else uses the generator, the same mask whichever form runs
+        keep = fn.dropout_keep_mask(q.shape[2], k.shape[2], self.dropout, q.device) if self._drops else None
         if not self._uses_direct_form(need_latent):
             # imported on first use: a model that never dispatches does not load the kernels' wrappers
             from hyla.attention.dispatch import dispatch
@@ -342,12 +345,14 @@ class Attention(nn.Module):
                 bias=bias,
                 w_mid_HxDxD=self.w_mid_HxDxD,
                 chunk_size=self.chunk_size,
+                dropout_keep_11xQxK=keep,
+                dropout=self.dropout,
             )
             if y is not None:
                 return y, None
         s = self.hook_scores(fn.attention_scores(q, k, bias))
         a = self.hook_latent(fn.normalize_scores(s, self.config.normalization, mask, self.config.rms_eps))
-        a_used = fn.drop_pairs(a, self.dropout) if self._drops else a
+        a_used = fn.drop_pairs(a, self.dropout, keep) if keep is not None else a
         y, hidden = fn.value_network(a_used, v, self.config.value_network, self.config.nonlinearity, self.w_mid_HxDxD)
         if hidden is not None:
             self.hook_hidden(hidden)

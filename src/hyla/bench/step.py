@@ -49,6 +49,7 @@ def time_variant(
     compile_model: bool = False,
     all_positions: bool = False,
     backend: str = "auto",
+    dropout: float = 0.0,
 ) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     if all_positions:  # the model computes every position, as without Transformer(last_positions=...)
@@ -61,6 +62,7 @@ def time_variant(
         relative_position_buckets=seq_len,
         relative_position_max_distance=seq_len,
         attention_backend=backend,
+        attention_dropout=dropout,
         **TASK_MODELS[task],
     )
     model = Transformer(cfg).to(device)
@@ -116,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         args.backend = canonical_backend(args.backend)
     except ValueError:
         raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}") from None
+    if not 0 <= args.dropout < 1:
+        raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
     require_device(args.device)
     results: dict[str, dict[str, float]] = {}
     for v in variants:
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             "import json,sys; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
             "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
-            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r})))",
+            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, {args.dropout!r})))",
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     base = results.get("softmax", {}).get("ms_per_step")
     print(
         f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__} "
-        f"backend={args.backend}"
+        f"backend={args.backend} dropout={args.dropout}"
     )
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
@@ -153,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                     "torch": torch.__version__,
                     "steps": args.steps,
                     "backend": args.backend,
+                    "dropout": args.dropout,
                 },
                 f,
                 indent=2,
@@ -173,6 +178,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--backend",
         default="auto",
         help="how attention computes hyper value networks: " + " | ".join(BACKENDS),
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="attention dropout on the latent code while training (the paper configs: 0.1)",
     )
     p.add_argument(
         "--all-positions",

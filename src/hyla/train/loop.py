@@ -45,6 +45,7 @@ RESUMABLE_CHANGES = (
     "train.checkpoint_every",
     "train.stack_forward",
     "train.graph_step",
+    "model.attention_backend",  # how attention is computed, not what: a CPU run may continue on a GPU
 )
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a run saves a checkpoint and exits on these
 ENGINES = ("auto", "lone", "stacked")

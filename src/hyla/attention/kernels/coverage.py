@@ -23,6 +23,8 @@ class Coverage:
 
     ``dtypes`` / ``devices`` None: every floating dtype / every device type. ``vmap``: runs inside
     ``torch.vmap`` (stacked runs) without falling back. ``first_order_only``: double backward raises.
+    ``dropout``: applies attention dropout itself (the others leave a training step with dropout to the
+    direct form).
     """
 
     normalizations: tuple[str, ...]
@@ -31,18 +33,24 @@ class Coverage:
     devices: tuple[str, ...] | None = None
     vmap: bool = True
     first_order_only: bool = False
+    dropout: bool = False
 
 
 _KERNEL_NORMALIZATIONS = ("rms_head", "none")  # RMSHead and no normalization are local to each (q, k) pair
 
 #: backend -> what it covers (``auto`` is a choice among these, see :mod:`hyla.attention.dispatch`)
 COVERAGE: dict[str, Coverage] = {
-    "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
+    "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS, dropout=True),
     "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
     "manual_backward": Coverage(_KERNEL_NORMALIZATIONS, ("hyper",), vmap=False, first_order_only=True),
     # (the C kernel's vmap rule needs a torch with custom-op vmap rules: see kernels.c.wrapper.HAS_VMAP_RULE)
     "fused_cpu": Coverage(
-        _KERNEL_NORMALIZATIONS, ("hyper",), (torch.float32, torch.float64), ("cpu",), first_order_only=True
+        _KERNEL_NORMALIZATIONS,
+        ("hyper",),
+        (torch.float32, torch.float64),
+        ("cpu",),
+        first_order_only=True,
+        dropout=True,
     ),
     # CPU tensors also run, under TRITON_INTERPRET=1 only (the interpreter: slow, for tests)
     "fused": Coverage(

@@ -4,7 +4,8 @@
  *
  * Layouts (all contiguous): q B x H x Q x E; kT B x H x E x K and vT B x H x D x K (keys innermost,
  * so the loops over keys vectorize); bias H x Q x K or NULL; keep (1 or B) x Q x K bytes or NULL
- * (nonzero = may attend). y B x H x Q x D. The backward writes dq B x H x Q x E, dkT B x H x E x K,
+ * (nonzero = may attend); drop Q x K bytes or NULL: attention dropout on the normalized code, one mask for
+ * every batch element and head (nonzero = kept, kept pairs divided by keep_prob). y B x H x Q x D. The backward writes dq B x H x Q x E, dkT B x H x E x K,
  * dvT B x H x D x K and dbias_parts T x H x Q x K (one partial sum per thread, summed by the caller).
  *
  * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity.
@@ -107,6 +108,12 @@ static void NAME(row_code)(const REAL *restrict q, const REAL *restrict kT, cons
     }
 }
 
+/* attention dropout on row qi's normalized code: a[h,k] = drop[k] ? a[h,k] / keep_prob : 0 (all heads) */
+static void NAME(row_drop)(REAL *restrict a, const unsigned char *restrict drop, REAL keep_prob, int H, int K) {
+    for (int h = 0; h < H; h++)
+        for (int k = 0; k < K; k++) a[(size_t)h * K + k] = drop[k] ? a[(size_t)h * K + k] / keep_prob : (REAL)0;
+}
+
 /* u^T[d*K + k] = sum_h a[h,k] v[h,k,d]; g^T = phi(u^T) */
 static void NAME(row_value)(const REAL *restrict vT, const REAL *restrict a, int H, int K, int D, int b, int phi,
                             REAL *restrict uT, REAL *restrict gT) {
@@ -119,8 +126,9 @@ static void NAME(row_value)(const REAL *restrict vT, const REAL *restrict a, int
 static size_t NAME(scratch_len)(int H, int K, int D) { return (size_t)3 * H * K + 4 * (size_t)D * K + K; }
 
 int NAME(hyla_forward)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict vT, const REAL *restrict bias,
-                       const unsigned char *restrict keep, int keep_batched, int B, int H, int Q, int K, int E,
-                       int D, REAL scale, int rms, REAL eps, int phi, int threads, REAL *restrict y) {
+                       const unsigned char *restrict keep, int keep_batched, const unsigned char *restrict drop,
+                       REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
+                       int phi, int threads, REAL *restrict y) {
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -136,6 +144,7 @@ int NAME(hyla_forward)(const REAL *restrict q, const REAL *restrict kT, const RE
             REAL *restrict a = buf, *r = a + (size_t)H * K, *uT = r + K, *gT = uT + (size_t)D * K;
             const unsigned char *restrict kp = keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
             NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
+            if (drop) NAME(row_drop)(a, drop + (size_t)qi * K, keep_prob, H, K);
             NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
             for (int h = 0; h < H; h++) {
                 const REAL *restrict ah = a + (size_t)h * K;
@@ -157,8 +166,9 @@ int NAME(hyla_forward)(const REAL *restrict q, const REAL *restrict kT, const RE
 #define QBLOCK 8
 
 int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict vT, const REAL *restrict bias,
-                        const unsigned char *restrict keep, int keep_batched, int B, int H, int Q, int K, int E,
-                        int D, REAL scale, int rms, REAL eps, int phi, int threads, const REAL *restrict dy,
+                        const unsigned char *restrict keep, int keep_batched, const unsigned char *restrict drop,
+                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
+                        int phi, int threads, const REAL *restrict dy,
                         REAL *restrict dq, REAL *restrict dkT, REAL *restrict dvT, REAL *restrict dbias_parts) {
     int failed = 0;
     memset(dkT, 0, sizeof(REAL) * B * H * E * K);
@@ -192,6 +202,15 @@ int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const R
                     const unsigned char *restrict kp =
                         keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
                     NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
+                    /* with dropout, a holds the dropped code (what the value network sees) and ds, until it
+                     * is written below, the normalized code (what RMSHead's gradient needs) */
+                    const unsigned char *restrict dp = drop ? drop + (size_t)qi * K : NULL;
+                    const REAL *an = a; /* not restrict: it may point into ds */
+                    if (dp) {
+                        memcpy(ds, a, sizeof(REAL) * H * K);
+                        NAME(row_drop)(a, dp, keep_prob, H, K);
+                        an = ds;
+                    }
                     NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
                     /* through y = a g:  dg^T[d,k] = sum_h a[h,k] dy[h,d];  da[h,k] = sum_d dy[h,d] g[k,d] */
                     const REAL *restrict dyq = dy + ((size_t)b * H * Q + qi) * D; /* dy[h,d] = dyq[h*Q*D + d] */
@@ -208,17 +227,20 @@ int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const R
                         const REAL *restrict vh = vT + ((size_t)b * H + h) * D * K;
                         NAME(acc_rows)(dah, duT, K, vh, K, D, K);
                     }
-                    /* RMSHead: ds = r (da - a m / H), m = sum_h a da; masked pairs get no gradient */
+                    /* through the dropout: da of the normalized code */
+                    if (dp) NAME(row_drop)(da, dp, keep_prob, H, K);
+                    /* RMSHead: ds = r (da - a m / H), m = sum_h a da (a: the normalized code); masked pairs get
+                     * no gradient */
                     if (rms) {
                         REAL *restrict m = uT; /* u is no longer needed: reuse its first K entries */
                         for (int k = 0; k < K; k++) m[k] = 0;
                         for (int h = 0; h < H; h++)
-                            for (int k = 0; k < K; k++) m[k] += a[(size_t)h * K + k] * da[(size_t)h * K + k];
+                            for (int k = 0; k < K; k++) m[k] += an[(size_t)h * K + k] * da[(size_t)h * K + k];
                         for (int k = 0; k < K; k++) m[k] /= (REAL)H;
                         for (int h = 0; h < H; h++)
                             for (int k = 0; k < K; k++) {
                                 size_t i = (size_t)h * K + k;
-                                ds[i] = r[k] * (da[i] - a[i] * m[k]);
+                                ds[i] = r[k] * (da[i] - an[i] * m[k]); /* an may be ds: read before written */
                             }
                     } else {
                         memcpy(ds, da, sizeof(REAL) * H * K);

@@ -12,8 +12,9 @@ it builds in about a second. Without a working compiler it is unavailable and ``
 uses :mod:`hyla.attention.kernels.manual_backward` instead.
 
 Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network="hyper"``
-with ``rms_head`` or ``none``, every phi, float32 and float64, any mask broadcastable to ``Bx1xQxK``
-and any bias broadcastable to ``1xHxQxK``; first-order gradients;
+with ``rms_head`` or ``none``, every phi, float32 and float64, any mask broadcastable to ``Bx1xQxK``,
+any bias broadcastable to ``1xHxQxK`` and attention dropout (a ``QxK`` keep-mask shared over batch and
+heads, as :func:`hyla.attention.functional.drop_pairs` draws it); first-order gradients;
 the ops ``hyla::fused_cpu_attention`` and ``hyla::fused_cpu_attention_backward`` carry it through
 autograd, ``torch.compile`` (opaque calls; the library is built while tracing if need be) and
 ``torch.vmap`` (R stacked runs are folded into the batch: one call; a per-run bias or mask goes run by
@@ -179,7 +180,16 @@ def _real(suffix: str) -> type:
 # changes around them and calls the C code as is), with the backward as an op of its own.
 @torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention(
-    q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
+    q: Tensor,
+    kT: Tensor,
+    vT: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    drop: Tensor | None,
+    keep_prob: float,
+    phi: int,
+    rms: bool,
+    eps: float,
 ) -> Tensor:
     lib, suffix = load_library(), DTYPES[q.dtype]
     b, h, nq, _ = q.shape
@@ -187,8 +197,9 @@ def _fused_cpu_attention(
     keep_batched = int(keep is not None and keep.shape[0] > 1)
     failed = getattr(lib, f"hyla_forward_{suffix}")(
         _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-        *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)),
-        _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()), _pointer(y),
+        _pointer(drop), _real(suffix)(keep_prob), *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5),
+        ctypes.c_int(int(rms)), _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()),
+        _pointer(y),
     )  # fmt: skip
     if failed:
         raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
@@ -197,7 +208,16 @@ def _fused_cpu_attention(
 
 @_fused_cpu_attention.register_fake
 def _fused_cpu_attention_fake(
-    q: Tensor, kT: Tensor, vT: Tensor, bias: Tensor | None, keep: Tensor | None, phi: int, rms: bool, eps: float
+    q: Tensor,
+    kT: Tensor,
+    vT: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    drop: Tensor | None,
+    keep_prob: float,
+    phi: int,
+    rms: bool,
+    eps: float,
 ) -> Tensor:
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2], vT.shape[2])
 
@@ -210,6 +230,8 @@ def _fused_cpu_attention_backward(
     vT: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
+    drop: Tensor | None,
+    keep_prob: float,
     phi: int,
     rms: bool,
     eps: float,
@@ -223,8 +245,8 @@ def _fused_cpu_attention_backward(
     keep_batched = int(keep is not None and keep.shape[0] > 1)
     failed = getattr(lib, f"hyla_backward_{suffix}")(
         _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-        *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5), ctypes.c_int(int(rms)),
-        _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(threads), _pointer(dy),
+        _pointer(drop), _real(suffix)(keep_prob), *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5),
+        ctypes.c_int(int(rms)), _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(threads), _pointer(dy),
         _pointer(dq), _pointer(dkT), _pointer(dvT), _pointer(dbias_parts),
     )  # fmt: skip
     if failed:
@@ -241,6 +263,8 @@ def _fused_cpu_attention_backward_fake(
     vT: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
+    drop: Tensor | None,
+    keep_prob: float,
     phi: int,
     rms: bool,
     eps: float,
@@ -251,16 +275,18 @@ def _fused_cpu_attention_backward_fake(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    q, kT, vT, bias, keep, phi, rms, eps = inputs
-    ctx.save_for_backward(q, kT, vT, bias, keep)
-    ctx.phi, ctx.rms, ctx.eps = phi, rms, eps
+    q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps = inputs
+    ctx.save_for_backward(q, kT, vT, bias, keep, drop)
+    ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps = keep_prob, phi, rms, eps
 
 
 def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-    q, kT, vT, bias, keep = ctx.saved_tensors
+    q, kT, vT, bias, keep, drop = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dkT, dvT, dbias = _fused_cpu_attention_backward(dy, q, kT, vT, bias, keep, ctx.phi, ctx.rms, ctx.eps, bias_grad)
-    return dq, dkT, dvT, (dbias if bias_grad else None), None, None, None, None
+    dq, dkT, dvT, dbias = _fused_cpu_attention_backward(
+        dy, q, kT, vT, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps, bias_grad
+    )
+    return dq, dkT, dvT, (dbias if bias_grad else None), None, None, None, None, None, None
 
 
 _fused_cpu_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -277,8 +303,8 @@ def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, .
 
 def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
     """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
-    q, kT, vT, bias, keep, phi, rms, eps = args
-    if in_dims[3] is not None or in_dims[4] is not None:  # per-run bias or mask: the kernel takes one
+    q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps = args
+    if any(d is not None for d in in_dims[3:6]):  # per-run bias, mask or dropout: the kernel takes one
         return _slice_by_slice(_fused_cpu_attention, in_dims, args)
     runs = info.batch_size
     q, kT, vT = (
@@ -287,7 +313,9 @@ def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args:
     )
     if keep is not None and keep.shape[0] > 1:  # one mask per example: repeat it for every run
         keep = keep.repeat(runs, 1, 1)
-    y = _fused_cpu_attention(q.contiguous(), kT.contiguous(), vT.contiguous(), bias, keep, phi, rms, eps)
+    y = _fused_cpu_attention(
+        q.contiguous(), kT.contiguous(), vT.contiguous(), bias, keep, drop, keep_prob, phi, rms, eps
+    )
     return y.reshape(runs, -1, *y.shape[1:]), 0
 
 
@@ -311,11 +339,15 @@ def fused_cpu_hypernetwork_attention(
     *,
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
+    dropout_keep_11xQxK: Tensor | None = None,
+    dropout: float = 0.0,
 ) -> Tensor:
     """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention` by the fused CPU kernel.
 
     ``mask_Bx1xQxK`` is bool broadcastable to ``Bx1xQxK`` (True = may attend); ``bias`` broadcastable to
-    ``1xHxQxK`` (its gradient is summed back to its shape). Raises :class:`CpuKernelUnavailableError`
+    ``1xHxQxK`` (its gradient is summed back to its shape). ``dropout_keep_11xQxK`` (bool, True = kept) with
+    rate ``dropout``: attention dropout on the normalized code, as
+    :func:`~hyla.attention.functional.drop_pairs` applies it. Raises :class:`CpuKernelUnavailableError`
     naming the cause for a case it does not cover (:func:`fused_cpu_unsupported_reason`).
     """
     reason = fused_cpu_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
@@ -330,6 +362,16 @@ def fused_cpu_hypernetwork_attention(
     bias_HxQxK = None
     if bias is not None:
         bias_HxQxK = bias.to(dtype).expand(*bias.shape[:-3], h, nq, nk).reshape(h, nq, nk).contiguous()
+    drop = None
+    if dropout_keep_11xQxK is not None:  # Q x K bytes
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if dropout_keep_11xQxK.numel() != nq * nk:
+            raise ValueError(
+                f"dropout_keep_11xQxK must hold one entry per (query, key) pair, 1x1x{nq}x{nk}; "
+                f"got shape {tuple(dropout_keep_11xQxK.shape)}"
+            )
+        drop = dropout_keep_11xQxK.reshape(nq, nk).to(torch.uint8).contiguous()
     kT = k_BxHxKxE.transpose(-1, -2).contiguous()
     vT = v_BxHxKxD.transpose(-1, -2).contiguous()
     return _fused_cpu_attention(
@@ -338,6 +380,8 @@ def fused_cpu_hypernetwork_attention(
         vT,
         bias_HxQxK,
         keep,
+        drop,
+        1.0 - dropout,
         PHI_IDS[config.nonlinearity],
         config.normalization == "rms_head",
         config.rms_eps,
