@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from hyla import sweep as sweep_module
@@ -220,3 +221,41 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
             assert run_state(tmp_path / "records" / f"tiny_{task}" / f"{row}-seed0") == "done"
     again = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_paper.sh")], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and "all done" in again.stdout and "all 3 runs are done" in again.stdout
+
+
+def test_parallel_jobs_write_the_records_of_one_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={"train.lr": [0.001]},
+        seeds=[0, 1],
+    )
+    monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 2)  # one thread per worker
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the one-job run in this process: the same arithmetic
+    try:
+        assert main(["sweep", str(path), "--root", str(tmp_path / "one")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "4 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
+    assert records(tmp_path / "two" / "tiny") == records(tmp_path / "one" / "tiny")
+    for run in (tmp_path / "two" / "tiny").iterdir():
+        assert "step 8/8" in (run / "train.log").read_text()
+        assert len((run / "made_by.jsonl").read_text().splitlines()) == 1
+    assert main(["sweep", str(path), "--jobs", "0", "--dry-run"]) == 2
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_interrupted_survives_pickling() -> None:
+    import pickle
+    import signal
+
+    from hyla.train.loop import Interrupted
+
+    err = pickle.loads(pickle.dumps(Interrupted(signal.SIGTERM)))
+    assert isinstance(err, Interrupted) and err.signum == signal.SIGTERM and str(err) == "SIGTERM"

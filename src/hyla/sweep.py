@@ -8,20 +8,28 @@ machine and device trained which steps and for how long; checkpoints and ``tb/``
 (``.gitignore``). Order: the ``first`` rows, then by grid point, seed and row. A finished run (its
 last evaluation written) is never rerun; a stopped one resumes from its checkpoint. Runs that the
 stacked trainer can stack (same everything but seed and optimizer hyperparameters, all new) train as
-one stack. ``--max-minutes`` stops with checkpoints before the budget ends.
+one stack. ``--max-minutes`` stops with checkpoints before the budget ends. ``--jobs K`` trains K runs (or
+stacks) at a time in K worker processes that share the cores (each ``cores // K`` threads), each taking the
+next run in the order above; a worker's progress goes to ``<run>/train.log``. One ``hyla sweep`` at a time
+per record directory: two commands would train the same pending runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
+import multiprocessing
+import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -67,51 +75,152 @@ def _cpu_model() -> str:
 
 
 # ------------------------------------------------------------------------------ running
-def train_runs(
-    specs: list[RunSpec], root: Path, *, device: str = "cpu", deadline: float | None = None, quiet: bool = True
-) -> list[str]:
-    """Train ``specs`` (all not done) in stacks where possible; returns the names finished now."""
-    from hyla.train.loop import Trainer
+def plan_groups(specs: list[RunSpec], root: Path) -> list[list[RunSpec]]:
+    """``specs`` (all not done) as the groups they train in, in sweep order: new runs that the stacked
+    trainer can stack form one group; a stopped run resumes alone."""
     from hyla.train.stacked import stack_groups
 
     cfgs = [load_config(s.config, list(s.overrides)) for s in specs]
-    outs = [root / s.name for s in specs]
-    states = [run_state(o) for o in outs]
+    states = [run_state(root / s.name) for s in specs]
     # only new runs stack: runs stopped at different steps resume one by one
     new = [i for i, st in enumerate(states) if st == "new"]
     groups = [[new[i] for i in g] for g in stack_groups([cfgs[i] for i in new])] if new else []
     groups += [[i] for i, st in enumerate(states) if st == "stopped"]
     groups.sort(key=min)
-    finished = []
+    return [[specs[i] for i in g] for g in groups]
+
+
+def train_group(
+    group: list[RunSpec], root: Path, *, device: str = "cpu", deadline: float | None = None, quiet: bool = True
+) -> list[str]:
+    """Train one group of :func:`plan_groups` (a lone run or a stack) until done or ``deadline``
+    (``time.monotonic()``); append each run's segment to its ``made_by.jsonl``; return the names finished."""
+    from hyla.train.loop import Trainer
+
+    if deadline is not None and time.monotonic() >= deadline:
+        return []
+    cfgs = [load_config(s.config, list(s.overrides)) for s in group]
+    outs = [root / s.name for s in group]
+    resume = run_state(outs[0]) == "stopped"
+    start_steps = [last_step(o) for o in outs]
+    made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
+    t0 = time.monotonic()
+    engine = "lone" if len(group) == 1 else "stacked"
+    trainer = Trainer(cfgs, outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
+    trainer.deadline = deadline
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+        ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        for out, first in zip(outs, start_steps):
+            record = {
+                **made,
+                "ended": ended,
+                "from_step": first,
+                "to_step": trainer.step,
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+            record["stacked_with"] = len(group)
+            with open(out / "made_by.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+    return [s.name for s in group] if trainer.step >= cfgs[0].train.steps else []
+
+
+def train_runs(
+    specs: list[RunSpec],
+    root: Path,
+    *,
+    device: str = "cpu",
+    deadline: float | None = None,
+    quiet: bool = True,
+    jobs: int = 1,
+) -> list[str]:
+    """Train ``specs`` (all not done) in stacks where possible, ``jobs`` groups at a time; returns the names
+    finished now."""
+    groups = plan_groups(specs, root)
+    if jobs > 1 and len(groups) > 1:
+        return _train_in_workers(groups, root, device=device, deadline=deadline, quiet=quiet, jobs=jobs)
+    finished: list[str] = []
     for group in groups:
         if deadline is not None and time.monotonic() >= deadline:
             break
-        resume = states[group[0]] == "stopped"
-        g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
-        start_steps = [last_step(o) for o in g_outs]
-        made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
-        t0 = time.monotonic()
-        engine = "lone" if len(group) == 1 else "stacked"
-        trainer = Trainer(g_cfgs, g_outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
-        trainer.deadline = deadline
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
-            ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            for out, first in zip(g_outs, start_steps):
-                record = {
-                    **made,
-                    "ended": ended,
-                    "from_step": first,
-                    "to_step": trainer.step,
-                    "wall_s": round(time.monotonic() - t0, 1),
-                }
-                record["stacked_with"] = len(group)
-                with open(out / "made_by.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-        if trainer.step >= g_cfgs[0].train.steps:
-            finished += [specs[i].name for i in group]
+        finished += train_group(group, root, device=device, deadline=deadline, quiet=quiet)
+    return finished
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _train_group_logged(group: list[RunSpec], root: Path, device: str, deadline: float | None) -> list[str]:
+    """A worker's task: :func:`train_group`, its progress lines into the first run's ``train.log``."""
+    (root / group[0].name).mkdir(parents=True, exist_ok=True)
+    with open(root / group[0].name / "train.log", "a") as log, contextlib.redirect_stdout(log):
+        return train_group(group, root, device=device, deadline=deadline, quiet=True)
+
+
+def _train_in_workers(
+    groups: list[list[RunSpec]], root: Path, *, device: str, deadline: float | None, quiet: bool, jobs: int
+) -> list[str]:
+    """The groups over ``jobs`` worker processes (spawned: no state shared with this one). The first error
+    or a SIGTERM stops the workers with checkpoints (SIGTERM to each), then is raised here."""
+    from hyla.train.loop import Interrupted
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(threads,)
+    )
+    received: list[int] = []
+
+    def stop_workers() -> None:
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        received.append(signum)
+        stop_workers()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    futures: dict[Future[list[str]], list[RunSpec]] = {}
+    finished: list[str] = []
+    error: BaseException | None = None
+    try:
+        for group in groups:
+            futures[pool.submit(_train_group_logged, group, root, device, deadline)] = group
+        print(f"{len(groups)} groups over {jobs} workers ({threads} threads each); logs: <run>/train.log", flush=True)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if future.cancelled():
+                    continue
+                if future.exception() is not None:
+                    if error is None:
+                        error = future.exception()
+                        for other in pending:
+                            other.cancel()
+                        stop_workers()
+                    continue
+                names = future.result()
+                finished += names
+                if names:
+                    print(f"finished: {', '.join(names)}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too: they save and stop
+        received.append(signal.SIGINT)
+        for future in futures:
+            future.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous)
+    if received:
+        raise Interrupted(received[0])
+    if error is not None:
+        raise error
     return finished
 
 
@@ -211,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         specs = sweep.runs(only)
         if args.max_minutes is not None and not args.max_minutes > 0:
             raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         if args.device.startswith("cuda"):
             import torch
 
@@ -251,7 +362,9 @@ def run(args: argparse.Namespace) -> int:
         deadline = t_start + args.max_minutes * 60 - min(BUDGET_MARGIN_S, 6 * args.max_minutes)
     print(f"{sweep.name}: {len(pending)} of {len(specs)} runs to train into {root}", flush=True)
     try:
-        finished = train_runs(pending, root, device=args.device, deadline=deadline, quiet=not args.progress)
+        finished = train_runs(
+            pending, root, device=args.device, deadline=deadline, quiet=not args.progress, jobs=args.jobs
+        )
     except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
         return failure_exit_code("hyla sweep", err, "(checkpoints saved); run the same command to continue")
     left = len(pending) - len(finished)
@@ -268,6 +381,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default: all)")
     p.add_argument("--max-minutes", type=float, metavar="M", help="stop with checkpoints before M minutes pass")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train K runs at a time in K processes sharing the cores (default 1); logs in <run>/train.log",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the runs and their estimated cost; train nothing")
     p.add_argument("--emit-commands", action="store_true", help="print one `hyla train` command per pending run")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local (default) | slurm | submitit-local")

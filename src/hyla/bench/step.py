@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             "import json,sys; from hyla.runtime import tune_cpu_allocator; tune_cpu_allocator(); "
             "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
-            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, {args.dropout!r})))",
+            f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, "
+            f"{args.dropout!r})))",
         ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[v] = json.loads(out)

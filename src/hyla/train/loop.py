@@ -67,6 +67,9 @@ class Interrupted(Exception):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __reduce__(self) -> tuple[type, tuple[int]]:  # rebuilt from the signal number (e.g. from a worker)
+        return (Interrupted, (self.signum,))
+
 
 @dataclass
 class Run:
