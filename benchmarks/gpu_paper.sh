@@ -7,6 +7,8 @@
 # run it again in each device call until it prints "all done". Records land in results/sweeps/ (commit them;
 # the checkpoints of a stopped run stay in the run folder, so continue on the same machine or copy them).
 # Runs with attention dropout (the authors' setup) do not stack; each trains alone with train.fast=true.
+# Runs stopped on a CPU (their newest checkpoint committed) continue here: train.fast, compile and the
+# attention backend are resumable changes (how a step is computed, not what).
 #   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
 #   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
 #   ROOT      where the records go (default results/sweeps)

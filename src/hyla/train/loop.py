@@ -43,9 +43,14 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.log_every",
     "train.checkpoint_every",
+    # how a step is computed, not what: a run started on a CPU may continue on a GPU with train.fast=true
     "train.stack_forward",
     "train.graph_step",
-    "model.attention_backend",  # how attention is computed, not what: a CPU run may continue on a GPU
+    "train.fast",
+    "train.compile",
+    "train.compile_mode",
+    "train.tf32",
+    "model.attention_backend",
 )
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a run saves a checkpoint and exits on these
 ENGINES = ("auto", "lone", "stacked")
