@@ -41,6 +41,12 @@ def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], ext
     return path
 
 
+def two_rows_two_seeds(tmp_path: Path) -> Path:
+    """softmax and hyla at one lr, seeds 0 and 1: four runs that train one by one."""
+    rows = {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}}
+    return write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001]}, seeds=[0, 1])
+
+
 def records(root: Path) -> dict[str, tuple[str, str]]:
     return {
         run.name: ((run / "config.yaml").read_text(), (run / "metrics.jsonl").read_text())
@@ -95,12 +101,7 @@ def test_bad_sweeps_fail_naming_the_field(tmp_path: Path, capsys: pytest.Capture
 def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write_sweep(
-        tmp_path,
-        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
-        grid={"train.lr": [0.001]},
-        seeds=[0, 1],
-    )
+    path = two_rows_two_seeds(tmp_path)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert main(["sweep", str(path), "--root", str(whole)]) == 0
     assert "4 runs finished now, 0 left" in capsys.readouterr().out
@@ -226,12 +227,7 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
 def test_parallel_jobs_write_the_records_of_one_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write_sweep(
-        tmp_path,
-        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
-        grid={"train.lr": [0.001]},
-        seeds=[0, 1],
-    )
+    path = two_rows_two_seeds(tmp_path)
     monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 2)  # one thread per worker
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the one-job run in this process: the same arithmetic

@@ -120,8 +120,8 @@ def train_group(
                 "from_step": first,
                 "to_step": trainer.step,
                 "wall_s": round(time.monotonic() - t0, 1),
+                "stacked_with": len(group),
             }
-            record["stacked_with"] = len(group)
             with open(out / "made_by.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
     return [s.name for s in group] if trainer.step >= cfgs[0].train.steps else []

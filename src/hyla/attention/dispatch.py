@@ -217,23 +217,12 @@ def dispatch(
     backend = canonical_backend(backend)
     if backend == "direct":
         return None
-    if dropout_keep_11xQxK is not None:
+    if dropout_keep_11xQxK is not None:  # only a backend that drops may run it: settle auto's choice first
         if backend == "auto" and q_BxHxQxE.device.type != "cuda":
             backend = cpu_auto_choice(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
         if not (backend in COVERAGE and COVERAGE[backend].dropout):
             return None
-        if backend == "fused_cpu":
-            return fused_cpu_hypernetwork_attention(
-                q_BxHxQxE,
-                k_BxHxKxE,
-                v_BxHxKxD,
-                config,
-                mask_Bx1xQxK=mask,
-                bias=bias,
-                dropout_keep_11xQxK=dropout_keep_11xQxK,
-                dropout=dropout,
-            )
-        raise AssertionError(f"COVERAGE says backend {backend!r} covers dropout, but dispatch does not pass it")
+    drop = {"dropout_keep_11xQxK": dropout_keep_11xQxK, "dropout": dropout}
     if backend == "chunked":
         return chunked_hypernetwork_attention(
             q_BxHxQxE,
@@ -249,11 +238,11 @@ def dispatch(
     if backend == "fused":
         return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if backend == "fused_cpu":
-        return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+        return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **drop)
     if backend == "manual_backward" or (backend == "auto" and q.device.type != "cuda"):
         choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "manual_backward"
         if choice == "fused_cpu":
-            return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+            return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **drop)
         if choice == "direct" or torch.compiler.is_compiling():
             # manual_backward is an autograd.Function whose backward trips a PyTorch internal assert when
             # Dynamo traces it (torch 2.13); compiled, Inductor fuses the direct form's passes itself
