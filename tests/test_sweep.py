@@ -13,6 +13,7 @@ import yaml
 
 from hyla import sweep as sweep_module
 from hyla.cli import main
+from hyla.sweep import wall_seconds, worker_threads
 from hyla.train.sweepfile import load_sweep, run_state
 from tiny import tiny_overrides
 
@@ -173,6 +174,16 @@ def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     assert records(root / "tiny")["hyla-seed0"] == records(tmp_path / "ref" / "tiny")["hyla-seed0"]
     assert main(["sweep", str(path), "--root", str(root), "--dry-run"]) == 0
     assert "hyla-seed0: done" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--root", str(tmp_path / "fresh"), "--dry-run", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "with --jobs 2: about" in out and f"({worker_threads(2)} threads each;" in out
+
+
+def test_wall_seconds_starts_each_group_on_the_first_free_worker() -> None:
+    assert wall_seconds([3.0, 1.0, 1.0, 1.0], jobs=2) == 3.0
+    assert wall_seconds([1.0, 1.0, 1.0], jobs=2) == 2.0
+    assert wall_seconds([1.0, 3.0, 1.0, 1.0], jobs=2) == 3.0
+    assert wall_seconds([2.0, 2.0], jobs=1) == 4.0
 
 
 def test_submitit_local_launcher_trains_the_pending_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,7 +216,7 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     env = {
         **os.environ,
         "DEVICE": "cpu",
-        "MINUTES": "2",
+        "MINUTES": "5",  # ample for the tiny runs even on a busy machine: every stage starts
         "ROOT": str(tmp_path / "records"),
         "FUZZY": str(files["fuzzy_logic"]),
         "SRAVEN": str(files["sraven"]),

@@ -149,6 +149,21 @@ def train_runs(
     return finished
 
 
+def worker_threads(jobs: int) -> int:
+    """Intra-op threads of each of ``jobs`` workers: the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def wall_seconds(costs: list[float], jobs: int) -> float:
+    """When the last of the groups costing ``costs`` seconds ends, ``jobs`` at a time, each started in order
+    on the first worker free (what ``--jobs`` does)."""
+    free_at = [0.0] * jobs
+    for cost in costs:
+        first_free = free_at.index(min(free_at))
+        free_at[first_free] += cost
+    return max(free_at)
+
+
 def _worker_init(threads: int) -> None:
     import torch
 
@@ -169,7 +184,7 @@ def _train_in_workers(
     or a SIGTERM stops the workers with checkpoints (SIGTERM to each), then is raised here."""
     from hyla.train.loop import Interrupted
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = worker_threads(jobs)
     pool = ProcessPoolExecutor(
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(threads,)
     )
@@ -224,9 +239,14 @@ def _train_in_workers(
     return finished
 
 
-def estimate_seconds(spec: RunSpec, device: str, cache: dict[str, tuple[float, float]], from_step: int = 0) -> float:
+def estimate_seconds(
+    spec: RunSpec, device: str, cache: dict[str, tuple[float, float]], from_step: int = 0, threads: int | None = None
+) -> float:
     """Seconds left for a run: measured seconds per step (a few steps after warm-up) and per evaluation,
-    times the steps and evaluations it has left. One measurement per architecture (cached)."""
+    times the steps and evaluations it has left. One measurement per architecture (cached), with
+    ``threads`` intra-op threads (what a ``--jobs`` worker gets) or torch's current number."""
+    import torch
+
     from hyla.train.loop import Trainer
 
     cfg = load_config(spec.config, list(spec.overrides))
@@ -235,6 +255,8 @@ def estimate_seconds(spec: RunSpec, device: str, cache: dict[str, tuple[float, f
         with tempfile.TemporaryDirectory() as tmp:
             probe = load_config(spec.config, [*spec.overrides, "train.eval_size=512"])
             trainer = Trainer(probe, Path(tmp) / "probe", device=device, quiet=True, progress=False)
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads or threads_before)
             try:
                 for _ in range(2):
                     trainer.train_step()
@@ -249,6 +271,7 @@ def estimate_seconds(spec: RunSpec, device: str, cache: dict[str, tuple[float, f
                 per_problem = (time.perf_counter() - t0) / (512 * len(trainer.task.splits))
                 eval_s = per_problem * cfg.train.eval_size * len(trainer.task.splits)
             finally:
+                torch.set_num_threads(threads_before)
                 trainer.close()
         cache[arch] = (per_step, eval_s)
     per_step, eval_s = cache[arch]
@@ -307,6 +330,35 @@ def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list
 
 
 # ------------------------------------------------------------------------------ command line
+def dry_run(name: str, specs: list[RunSpec], states: dict[str, str], root: Path, device: str, jobs: int) -> None:
+    """Print each run's state and estimated minutes left, then the total and, with ``jobs`` > 1, the wall
+    time of ``--jobs`` (each probe measured with a worker's threads, alone on the machine)."""
+    threads = worker_threads(jobs) if jobs > 1 and device == "cpu" else None
+    cache: dict[str, tuple[float, float]] = {}
+    seconds: dict[str, float] = {}
+    pending = [s for s in specs if states[s.name] != "done"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to train ({device})")
+    for s in specs:
+        if states[s.name] == "done":
+            print(f"  {s.name}: done")
+            continue
+        step = last_step(root / s.name) if states[s.name] == "stopped" else 0
+        seconds[s.name] = estimate_seconds(s, device, cache, step, threads)
+        print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds[s.name] / 60:.1f} min")
+    total = sum(seconds.values())
+    print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
+    if jobs > 1 and pending:
+        # a stack costs about its runs one after another on a CPU (results/train_throughput.md)
+        costs = [sum(seconds[s.name] for s in group) for group in plan_groups(pending, root)]
+        print(
+            f"with --jobs {jobs}: about {wall_seconds(costs, jobs) / 60:.1f} min "
+            f"({threads or 'all'} threads each; runs sharing the machine each go somewhat slower than measured alone)"
+        )
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"note: the machine was busy while measuring (load average {load:.1f}): these are overestimates")
+
+
 def run(args: argparse.Namespace) -> int:
     from hyla.train.checkpoint import CheckpointError
     from hyla.train.cli import failure_exit_code
@@ -338,19 +390,7 @@ def run(args: argparse.Namespace) -> int:
             print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
         return 0
     if args.dry_run:
-        cache: dict[str, tuple[float, float]] = {}
-        total = 0.0
-        done = len(specs) - len(pending)
-        print(f"{sweep.name}: {len(specs)} runs, {done} done, {len(pending)} to train ({args.device})")
-        for s in specs:
-            if states[s.name] == "done":
-                print(f"  {s.name}: done")
-                continue
-            step = last_step(root / s.name) if states[s.name] == "stopped" else 0
-            seconds = estimate_seconds(s, args.device, cache, step)
-            total += seconds
-            print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds / 60:.1f} min")
-        print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
+        dry_run(sweep.name, specs, states, root, args.device, args.jobs)
         return 0
     if not pending:
         print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
