@@ -176,6 +176,35 @@ def _real(suffix: str) -> type:
     return ctypes.c_float if suffix == "f32" else ctypes.c_double
 
 
+def _call_c(
+    direction: str,
+    q: Tensor,
+    kT: Tensor,
+    vT: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    drop: Tensor | None,
+    keep_prob: float,
+    phi: int,
+    rms: bool,
+    eps: float,
+    threads: int,
+    *buffers: Tensor | None,
+) -> None:
+    """``hyla_{direction}_{f32|f64}`` of ``hyla_cpu.c``: the inputs and settings both directions take, then
+    ``buffers`` (forward: ``y``; backward: ``dy``, then the gradients it writes)."""
+    lib, suffix = load_library(), DTYPES[q.dtype]
+    real = _real(suffix)
+    keep_batched = int(keep is not None and keep.shape[0] > 1)
+    failed = getattr(lib, f"hyla_{direction}_{suffix}")(
+        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
+        _pointer(drop), real(keep_prob), *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5),
+        ctypes.c_int(int(rms)), real(eps), ctypes.c_int(phi), ctypes.c_int(threads), *map(_pointer, buffers),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+
+
 # The kernel is registered as PyTorch custom ops (opaque to torch.compile, which traces the layout
 # changes around them and calls the C code as is), with the backward as an op of its own.
 @torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=(), device_types="cpu")
@@ -191,18 +220,9 @@ def _fused_cpu_attention(
     rms: bool,
     eps: float,
 ) -> Tensor:
-    lib, suffix = load_library(), DTYPES[q.dtype]
     b, h, nq, _ = q.shape
     y = q.new_empty(b, h, nq, vT.shape[2])
-    keep_batched = int(keep is not None and keep.shape[0] > 1)
-    failed = getattr(lib, f"hyla_forward_{suffix}")(
-        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-        _pointer(drop), _real(suffix)(keep_prob), *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5),
-        ctypes.c_int(int(rms)), _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(torch.get_num_threads()),
-        _pointer(y),
-    )  # fmt: skip
-    if failed:
-        raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+    _call_c("forward", q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps, torch.get_num_threads(), y)
     return y
 
 
@@ -237,20 +257,11 @@ def _fused_cpu_attention_backward(
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    lib, suffix = load_library(), DTYPES[q.dtype]
     threads = torch.get_num_threads()
     dy = dy.contiguous()  # bound to a name: the C call reads its memory
     dq, dkT, dvT = torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT)
     dbias_parts = q.new_empty(threads, *bias.shape) if bias is not None and bias_grad else None
-    keep_batched = int(keep is not None and keep.shape[0] > 1)
-    failed = getattr(lib, f"hyla_backward_{suffix}")(
-        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-        _pointer(drop), _real(suffix)(keep_prob), *_shape_args(q, kT, vT), _real(suffix)(1.0 / q.shape[-1] ** 0.5),
-        ctypes.c_int(int(rms)), _real(suffix)(eps), ctypes.c_int(phi), ctypes.c_int(threads), _pointer(dy),
-        _pointer(dq), _pointer(dkT), _pointer(dvT), _pointer(dbias_parts),
-    )  # fmt: skip
-    if failed:
-        raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+    _call_c("backward", q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps, threads, dy, dq, dkT, dvT, dbias_parts)
     dbias = dbias_parts.sum(0) if dbias_parts is not None else q.new_empty(0)
     return dq, dkT, dvT, dbias
 
