@@ -250,6 +250,8 @@ def test_parallel_jobs_write_the_records_of_one_job(
     assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert "4 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
+    finished_lines = sorted(line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished"))
+    assert finished_lines == sorted(run.name for run in (tmp_path / "two" / "tiny").iterdir())  # one line a run
     assert records(tmp_path / "two" / "tiny") == records(tmp_path / "one" / "tiny")
     for run in (tmp_path / "two" / "tiny").iterdir():
         assert "step 8/8" in (run / "train.log").read_text()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -208,23 +208,20 @@ def _train_in_workers(
         for group in groups:
             futures[pool.submit(_train_group_logged, group, root, device, deadline)] = group
         print(f"{len(groups)} groups over {jobs} workers ({threads} threads each); logs: <run>/train.log", flush=True)
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if future.cancelled():
-                    continue
-                if future.exception() is not None:
-                    if error is None:
-                        error = future.exception()
-                        for other in pending:
-                            other.cancel()
-                        stop_workers()
-                    continue
-                names = future.result()
-                finished += names
-                if names:
-                    print(f"finished: {', '.join(names)}", flush=True)
+        for future in as_completed(futures):  # each as it ends, so "finished" lines come as runs finish
+            if future.cancelled():
+                continue
+            if future.exception() is not None:
+                if error is None:
+                    error = future.exception()
+                    for other in futures:
+                        other.cancel()
+                    stop_workers()
+                continue
+            names = future.result()
+            finished += names
+            if names:
+                print(f"finished: {', '.join(names)}", flush=True)
     except KeyboardInterrupt:  # Ctrl-C reached the workers too: they save and stop
         received.append(signal.SIGINT)
         for future in futures:
