@@ -260,6 +260,51 @@ def test_parallel_jobs_write_the_records_of_one_job(
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp_path: Path) -> None:
+    """SIGTERM to ``hyla sweep --jobs 2``: the two running runs save and stop, the queued two never start,
+    the command exits 143 and leaves no worker behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long = {"train.steps": 100000, "train.log_every": 10, "train.eval_every": 100000, "train.checkpoint_every": 100000}
+    rows = {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}}
+    path = write_sweep(tmp_path, rows=rows, grid={}, seeds=[0, 1], extra={k: str(v) for k, v in long.items()})
+    root = tmp_path / "r"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hyla", "sweep", str(path), "--root", str(root), "--jobs", "2"]
+    sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started: list[Path] = []
+        for _ in range(600):  # both workers training (each has logged a step)
+            logs = list(root.glob("tiny/*/train.log"))
+            started = [log.parent for log in logs if "step " in log.read_text()]
+            if len(started) == 2 or sweep.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert len(started) == 2, sweep.communicate()
+        children = subprocess.run(["pgrep", "-P", str(sweep.pid)], capture_output=True, text=True).stdout.split()
+        workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        sweep.send_signal(signal.SIGTERM)
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 143, (out, err)
+    states = {run.name: run_state(run) for run in (root / "tiny").iterdir()}
+    assert sorted(name for name, state in states.items() if state == "stopped") == sorted(r.name for r in started)
+    assert all(state == "new" for name, state in states.items() if name not in {r.name for r in started})
+    assert not any((root / "tiny" / name / "train.log").exists() for name, st in states.items() if st == "new")
+    for run in started:
+        made = json.loads((run / "made_by.jsonl").read_text())
+        assert 0 < made["to_step"] < long["train.steps"]
+    assert len(workers) == 2
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"workers still running after the sweep exited: {alive}"
+
+
 def test_interrupted_survives_pickling() -> None:
     import pickle
     import signal

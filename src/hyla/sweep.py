@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,17 @@ def plan_groups(specs: list[RunSpec], root: Path) -> list[list[RunSpec]]:
 
 
 def train_group(
-    group: list[RunSpec], root: Path, *, device: str = "cpu", deadline: float | None = None, quiet: bool = True
+    group: list[RunSpec],
+    root: Path,
+    *,
+    device: str = "cpu",
+    deadline: float | None = None,
+    quiet: bool = True,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> list[str]:
-    """Train one group of :func:`plan_groups` (a lone run or a stack) until done or ``deadline``
-    (``time.monotonic()``); append each run's segment to its ``made_by.jsonl``; return the names finished."""
+    """Train one group of :func:`plan_groups` (a lone run or a stack) until done, ``deadline``
+    (``time.monotonic()``) or ``stop_requested()`` (asked after every step; the group then stops with a
+    checkpoint); append each run's segment to its ``made_by.jsonl``; return the names finished."""
     from hyla.train.loop import Trainer
 
     if deadline is not None and time.monotonic() >= deadline:
@@ -107,7 +115,7 @@ def train_group(
     t0 = time.monotonic()
     engine = "lone" if len(group) == 1 else "stacked"
     trainer = Trainer(cfgs, outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
-    trainer.deadline = deadline
+    trainer.deadline, trainer.stop_requested = deadline, stop_requested
     try:
         trainer.run()
     finally:
@@ -164,41 +172,50 @@ def wall_seconds(costs: list[float], jobs: int) -> float:
     return max(free_at)
 
 
-def _worker_init(threads: int) -> None:
+#: in a worker process: the sweep's stop event (set by the main process on a signal or a failed group)
+_STOP: Any = None
+
+
+def _worker_init(threads: int, stop: Any) -> None:
     import torch
 
+    global _STOP
     torch.set_num_threads(threads)
+    _STOP = stop
+    # a signal between groups must not end the worker (the pool would break): it stops the whole sweep;
+    # while a group trains, the trainer's own handlers take over (checkpoint, Interrupted)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
 
 
 def _train_group_logged(group: list[RunSpec], root: Path, device: str, deadline: float | None) -> list[str]:
-    """A worker's task: :func:`train_group`, its progress lines into the first run's ``train.log``."""
+    """A worker's task: :func:`train_group`, its progress lines into the first run's ``train.log``;
+    nothing once the sweep is stopping."""
+    if _STOP is not None and _STOP.is_set():
+        return []
     (root / group[0].name).mkdir(parents=True, exist_ok=True)
     with open(root / group[0].name / "train.log", "a") as log, contextlib.redirect_stdout(log):
-        return train_group(group, root, device=device, deadline=deadline, quiet=True)
+        stop_requested = _STOP.is_set if _STOP is not None else None
+        return train_group(group, root, device=device, deadline=deadline, quiet=True, stop_requested=stop_requested)
 
 
 def _train_in_workers(
     groups: list[list[RunSpec]], root: Path, *, device: str, deadline: float | None, quiet: bool, jobs: int
 ) -> list[str]:
-    """The groups over ``jobs`` worker processes (spawned: no state shared with this one). The first error
-    or a SIGTERM stops the workers with checkpoints (SIGTERM to each), then is raised here."""
+    """The groups over ``jobs`` worker processes (spawned: no state shared with this one but a stop event).
+    The first error, a SIGTERM or Ctrl-C sets the event: running groups stop with checkpoints after their
+    current step, queued ones do not start; then the error (or :class:`Interrupted`) is raised here."""
     from hyla.train.loop import Interrupted
 
     threads = worker_threads(jobs)
-    pool = ProcessPoolExecutor(
-        max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(threads,)
-    )
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(threads, stop))
     received: list[int] = []
-
-    def stop_workers() -> None:
-        for child in multiprocessing.active_children():
-            if child.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         received.append(signum)
-        stop_workers()
+        stop.set()
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     futures: dict[Future[list[str]], list[RunSpec]] = {}
@@ -214,19 +231,16 @@ def _train_in_workers(
             if future.exception() is not None:
                 if error is None:
                     error = future.exception()
-                    for other in futures:
-                        other.cancel()
-                    stop_workers()
+                    stop.set()
                 continue
             names = future.result()
             finished += names
             if names:
                 print(f"finished: {', '.join(names)}", flush=True)
-    except KeyboardInterrupt:  # Ctrl-C reached the workers too: they save and stop
+    except KeyboardInterrupt:  # Ctrl-C (it reached the workers too)
         received.append(signal.SIGINT)
-        for future in futures:
-            future.cancel()
-    finally:
+        stop.set()
+    finally:  # waits for the running groups to save and stop
         pool.shutdown(wait=True, cancel_futures=True)
         signal.signal(signal.SIGTERM, previous)
     if received:

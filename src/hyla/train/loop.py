@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,8 @@ class Trainer:
     """Train ``cfgs`` (one config or a list) into ``run_dirs`` (one directory per run) with ``engine``.
 
     ``stop_at_step`` stops with a checkpoint at that step; so does passing ``deadline`` (a
-    ``time.monotonic()`` value, set after construction); SIGINT / SIGTERM save and raise
-    :class:`Interrupted`.
+    ``time.monotonic()`` value, set after construction) or ``stop_requested`` (a callable asked after
+    every step, e.g. a sweep worker's stop event); SIGINT / SIGTERM save and raise :class:`Interrupted`.
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class Trainer:
         self.device, self.dist = self.engine.device, self.engine.dist
         self.stop_at_step, self.quiet = stop_at_step, quiet
         self.deadline: float | None = None
+        self.stop_requested: Callable[[], bool] | None = None
         self.step = 0
         self.steps_since_log = 0
         self.progress = progress and not quiet and self.dist.is_main
@@ -310,12 +312,13 @@ class Trainer:
                     bar.update()
                 stop = self.stop_at_step is not None and self.stop_at_step <= s < t.steps
                 out_of_time = self.deadline is not None and time.monotonic() >= self.deadline and s < t.steps
-                if stop or out_of_time or caught:
+                asked = self.stop_requested is not None and s < t.steps and self.stop_requested()
+                if stop or out_of_time or asked or caught:
                     self.check_finite()
                     self.save()
                     if caught:
                         raise Interrupted(caught[0])
-                    why = "--stop-at-step" if stop else "time budget"
+                    why = "--stop-at-step" if stop else "time budget" if out_of_time else "stop requested"
                     self._say(f"stopped at step {s} ({why}); resume with --resume")
                     break
         finally:
