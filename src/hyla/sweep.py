@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -179,12 +179,14 @@ _STOP: Any = None
 def _worker_init(threads: int, stop: Any) -> None:
     import torch
 
+    from hyla.train.loop import STOP_SIGNALS
+
     global _STOP
     torch.set_num_threads(threads)
     _STOP = stop
     # a signal between groups must not end the worker (the pool would break): it stops the whole sweep;
     # while a group trains, the trainer's own handlers take over (checkpoint, Interrupted)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: stop.set())
 
 
@@ -218,12 +220,10 @@ def _train_in_workers(
         stop.set()
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    futures: dict[Future[list[str]], list[RunSpec]] = {}
     finished: list[str] = []
     error: BaseException | None = None
     try:
-        for group in groups:
-            futures[pool.submit(_train_group_logged, group, root, device, deadline)] = group
+        futures = [pool.submit(_train_group_logged, group, root, device, deadline) for group in groups]
         print(f"{len(groups)} groups over {jobs} workers ({threads} threads each); logs: <run>/train.log", flush=True)
         for future in as_completed(futures):  # each as it ends, so "finished" lines come as runs finish
             if future.cancelled():
