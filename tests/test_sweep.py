@@ -149,6 +149,39 @@ def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
     assert run_state(tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0") == "done"
 
 
+def test_where_keeps_the_runs_at_those_grid_values_and_seeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={"train.lr": [0.001, 0.003], "train.weight_decay": [0.1, 0.03]},
+        seeds=[0, 1, 2],
+    )
+    sweep = load_sweep(str(path))
+    kept = sweep.runs(["hyla"], {"train.lr": ["1e-3"], "seed": ["2", "0"]})
+    assert [r.name for r in kept] == [
+        "hyla-lr0.001-weight_decay0.1-seed0",
+        "hyla-lr0.001-weight_decay0.1-seed2",
+        "hyla-lr0.001-weight_decay0.03-seed0",
+        "hyla-lr0.001-weight_decay0.03-seed2",
+    ]
+    assert kept == [r for r in sweep.runs(["hyla"]) if r in kept]  # the same runs, in the sweep's order
+    root = tmp_path / "r"
+    argv = ["sweep", str(path), "--root", str(root), "--emit-commands"]
+    assert main([*argv, "--where", "train.weight_decay=0.03", "--where", "seed=1"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 4 and all("weight_decay=0.03" in c and "seed=1 " in c for c in commands)
+    for where, message in [
+        ("train.beta2=0.9", "--where train.beta2: not a grid key of tiny; keys: train.lr, train.weight_decay, seed"),
+        ("train.lr=0.01", "--where train.lr=0.01: not in the grid of tiny; train.lr values: 0.001, 0.003"),
+        ("seed=3", "--where seed=3: not in the grid of tiny; seed values: 0, 1, 2"),
+        ("seed", "--where takes KEY=VALUE[,VALUE...]"),
+    ]:
+        assert main([*argv, "--where", where]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_sweep(
         tmp_path,

@@ -341,6 +341,17 @@ def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list
 
 
 # ------------------------------------------------------------------------------ command line
+def parse_where(items: list[str]) -> dict[str, list[str]]:
+    """``--where KEY=V1[,V2...]`` (repeatable) as ``{KEY: [V1, V2, ...]}``; a repeated key adds values."""
+    where: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ValueError(f"--where takes KEY=VALUE[,VALUE...], e.g. train.lr=0.001 or seed=2; got {item!r}")
+        where.setdefault(key.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
+    return where
+
+
 def dry_run(name: str, specs: list[RunSpec], states: dict[str, str], root: Path, device: str, jobs: int) -> None:
     """Print each run's state and estimated minutes left, then the total and, with ``jobs`` > 1, the wall
     time of ``--jobs`` (each probe measured with a worker's threads, alone on the machine)."""
@@ -380,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
         sweep = load_sweep(args.file)
         apply_overrides(sweep, args.override)
         only = [r.strip() for r in args.only.split(",") if r.strip()] if args.only else None
-        specs = sweep.runs(only)
+        specs = sweep.runs(only, parse_where(args.where))
         if args.max_minutes is not None and not args.max_minutes > 0:
             raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
         if args.jobs < 1:
@@ -430,6 +441,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file (configs/sweeps/): resumable, recorded under results/sweeps")
     p.add_argument("file", help="a sweep YAML path or a name in configs/sweeps/ (e.g. table_a1_fuzzy)")
     p.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default: all)")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=V[,V]",
+        help="only runs at these grid values or seeds, e.g. --where train.lr=0.001 --where seed=2 (repeatable)",
+    )
     p.add_argument("--max-minutes", type=float, metavar="M", help="stop with checkpoints before M minutes pass")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument(

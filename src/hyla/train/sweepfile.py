@@ -59,17 +59,35 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
-    def runs(self, only: list[str] | None = None) -> list[RunSpec]:
-        """Every run in order (the ``first`` rows, then by grid point, seed, row); ``only``: these rows."""
+    def runs(self, only: list[str] | None = None, where: dict[str, list[str]] | None = None) -> list[RunSpec]:
+        """Every run in order (the ``first`` rows, then by grid point, seed, row).
+
+        ``only``: these rows. ``where``: grid keys (or ``seed``) to the values to keep, as written on the
+        command line, e.g. ``{"train.lr": ["1e-3"], "seed": ["2"]}`` (numbers compare by value).
+        """
         if only:
             unknown = [r for r in only if r not in self.rows]
             if unknown:
                 raise ValueError(f"--only {unknown[0]!r} is not a row of {self.name}; rows: {', '.join(self.rows)}")
-        points = [tuple(zip(self.grid, values)) for values in itertools.product(*self.grid.values())]
+        axes: dict[str, list[Any]] = {**self.grid, "seed": list(self.seeds)}
+        keep: dict[str, list[Any]] = {}
+        for key, wanted in (where or {}).items():
+            if key not in axes:
+                raise ValueError(f"--where {key}: not a grid key of {self.name}; keys: {', '.join(axes)}")
+            keep[key] = [v for v in axes[key] if any(_same_value(w, v) for w in wanted)]
+            missing = [w for w in wanted if not any(_same_value(w, v) for v in axes[key])]
+            if missing:
+                allowed = ", ".join(_yaml_scalar(v) for v in axes[key])
+                raise ValueError(f"--where {key}={missing[0]}: not in the grid of {self.name}; {key} values: {allowed}")
+        points = [
+            tuple(zip(self.grid, values))
+            for values in itertools.product(*self.grid.values())
+            if all(v in keep.get(k, [v]) for k, v in zip(self.grid, values))
+        ]
         row_order = list(self.rows)
         specs = []
         for p, point in enumerate(points):
-            for seed in self.seeds:
+            for seed in keep.get("seed", self.seeds):
                 for r, row in enumerate(row_order):
                     if only and row not in only:
                         continue
@@ -81,6 +99,16 @@ class Sweep:
                     key = (row not in self.first, p, seed, self.first.index(row) if row in self.first else r)
                     specs.append((key, RunSpec(name, row, config, overrides, point, seed)))
         return [spec for _, spec in sorted(specs, key=lambda item: item[0])]
+
+
+def _same_value(written: str, value: Any) -> bool:
+    """Whether ``written`` (from the command line) names the grid value ``value``: ``1e-3`` names 0.001."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(written) == value
+        except ValueError:
+            return False
+    return written == _yaml_scalar(value)
 
 
 def _yaml_scalar(value: Any) -> str:
