@@ -55,6 +55,31 @@ def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Pa
     assert "Not run yet (`benchmarks/authors_side_by_side.sh`)" in text
 
 
+def test_a_grid_point_with_fewer_finished_seeds_does_not_win_on_one_seed(tmp_path: Path) -> None:
+    sweep_file = tmp_path / "table_a1_tiny.yaml"
+    rows = {"hyla": {"model.attention": "hyla"}}
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "table_a1_tiny",
+                "config": "fuzzy_logic",
+                "rows": rows,
+                "grid": {"train.lr": [0.001, 0.003]},
+                "seeds": [0, 1, 2],
+            }
+        )
+    )
+    records = tmp_path / "sweeps" / "table_a1_tiny"
+    for spec in load_sweep(str(sweep_file)).runs(["hyla"]):
+        if dict(spec.point)["train.lr"] == 0.001:
+            fake_record(records, spec, test=0.90, ood=0.80)
+        elif spec.seed == 0:  # one lucky seed at the other point, higher in-distribution
+            fake_record(records, spec, test=0.99, ood=0.50)
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json")
+    assert "| hyla | 3 | 0.001 | 90.00 +- 0.00 | 80.00 +- 0.00 |" in text
+    assert "| hyla | 0.003 | 1/3 | 99.00 | 50.00 |" in text
+
+
 def test_agreement_and_paper_values() -> None:
     assert paper_value("hyla", "fuzzy_logic") == (81.13, 7.77) and paper_value("hyla_moe", "sraven") == (66.94, 3.94)
     assert paper_value("hyla_silu", "fuzzy_logic") is None
@@ -67,5 +92,8 @@ def test_report_paper_cli_on_empty_records(tmp_path: Path) -> None:
     assert main(["report", "--paper", "--out", str(tmp_path), "--sweep-root", str(tmp_path / "none")]) == 0
     text = (tmp_path / "paper.md").read_text()
     assert "## table_a1_fuzzy" in text and "## table_a1_sraven" in text and "## fig2c_fuzzy" in text
-    assert "0 of 144 runs finished" in text
+    assert "0 of 144 runs finished" in text and "## init_fuzzy" not in text  # a follow-up shows once it has records
+    (tmp_path / "none" / "init_fuzzy").mkdir(parents=True)
+    assert main(["report", "--paper", "--out", str(tmp_path), "--sweep-root", str(tmp_path / "none")]) == 0
+    assert "## init_fuzzy" in (tmp_path / "paper.md").read_text()
     assert main(["report", "--out", str(tmp_path)]) == 2
