@@ -122,7 +122,8 @@ def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     assert "4 runs finished now, 0 left" in capsys.readouterr().out
     assert records(parts / "tiny") == records(whole / "tiny")
     made = [json.loads(line) for line in (parts / "tiny" / "softmax-lr0.001-seed0" / "made_by.jsonl").open()]
-    assert [(m["from_step"], m["to_step"]) for m in made][-1][1] == 8 and len(made) == 2
+    assert len(made) == 2 and made[0]["from_step"] == 0 and 0 < made[0]["to_step"] < 8
+    assert made[1]["from_step"] == made[0]["to_step"] and made[1]["to_step"] == 8  # resumed at the checkpoint
     assert {"commit", "machine", "device", "date", "wall_s"} <= set(made[0])
 
     # finished runs are never rerun

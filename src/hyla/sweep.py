@@ -110,22 +110,22 @@ def train_group(
     cfgs = [load_config(s.config, list(s.overrides)) for s in group]
     outs = [root / s.name for s in group]
     resume = run_state(outs[0]) == "stopped"
-    start_steps = [last_step(o) for o in outs]
     made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
     t0 = time.monotonic()
     engine = "lone" if len(group) == 1 else "stacked"
     trainer = Trainer(cfgs, outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
+    from_step = trainer.step  # the checkpoint's step (the metrics log may end a few steps before it)
     trainer.deadline, trainer.stop_requested = deadline, stop_requested
     try:
         trainer.run()
     finally:
         trainer.close()
         ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        for out, first in zip(outs, start_steps):
+        for out in outs:
             record = {
                 **made,
                 "ended": ended,
-                "from_step": first,
+                "from_step": from_step,
                 "to_step": trainer.step,
                 "wall_s": round(time.monotonic() - t0, 1),
                 "stacked_with": len(group),
@@ -341,14 +341,19 @@ def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list
 
 
 # ------------------------------------------------------------------------------ command line
+def comma_list(text: str) -> list[str]:
+    """``"a, b,,c"`` as ``["a", "b", "c"]``: the values of ``--only`` and of each ``--where``."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def parse_where(items: list[str]) -> dict[str, list[str]]:
     """``--where KEY=V1[,V2...]`` (repeatable) as ``{KEY: [V1, V2, ...]}``; a repeated key adds values."""
     where: dict[str, list[str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
-        if not sep or not key.strip() or not values.strip():
+        if not sep or not key.strip() or not comma_list(values):
             raise ValueError(f"--where takes KEY=VALUE[,VALUE...], e.g. train.lr=0.001 or seed=2; got {item!r}")
-        where.setdefault(key.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
+        where.setdefault(key.strip(), []).extend(comma_list(values))
     return where
 
 
@@ -390,8 +395,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sweep = load_sweep(args.file)
         apply_overrides(sweep, args.override)
-        only = [r.strip() for r in args.only.split(",") if r.strip()] if args.only else None
-        specs = sweep.runs(only, parse_where(args.where))
+        specs = sweep.runs(comma_list(args.only) if args.only else None, parse_where(args.where))
         if args.max_minutes is not None and not args.max_minutes > 0:
             raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
         if args.jobs < 1:
