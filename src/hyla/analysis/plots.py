@@ -40,7 +40,8 @@ def learning_curves(
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric)
-    axes[0][-1].legend(fontsize=8)
+    if axes[0][-1].get_legend_handles_labels()[0]:  # runs that have not evaluated yet draw nothing
+        axes[0][-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
