@@ -25,19 +25,16 @@ def fake_record(root: Path, spec, test: float, ood: float, steps: int = 10) -> N
     (run / "made_by.jsonl").write_text(json.dumps(made) + "\n")
 
 
-def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Path) -> None:
+def tiny_table_a1(tmp_path: Path, rows: dict[str, dict[str, str]]) -> Path:
+    """A Table A1 sweep file (the report looks up the paper's values) over lr {1e-3, 3e-3} x seeds 0-2."""
     sweep_file = tmp_path / "table_a1_tiny.yaml"
-    sweep_file.write_text(
-        yaml.safe_dump(
-            {
-                "name": "table_a1_tiny",
-                "config": "fuzzy_logic",
-                "rows": {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}},
-                "grid": {"train.lr": [0.001, 0.003]},
-                "seeds": [0, 1, 2],
-            }
-        )
-    )
+    spec = {"name": "table_a1_tiny", "config": "fuzzy_logic", "rows": rows, "grid": {"train.lr": [0.001, 0.003]}}
+    sweep_file.write_text(yaml.safe_dump({**spec, "seeds": [0, 1, 2]}))
+    return sweep_file
+
+
+def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Path) -> None:
+    sweep_file = tiny_table_a1(tmp_path, {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}})
     sweep = load_sweep(str(sweep_file))
     records = tmp_path / "sweeps" / "table_a1_tiny"
     for spec in sweep.runs(["hyla"]):
@@ -56,19 +53,7 @@ def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Pa
 
 
 def test_a_grid_point_with_fewer_finished_seeds_does_not_win_on_one_seed(tmp_path: Path) -> None:
-    sweep_file = tmp_path / "table_a1_tiny.yaml"
-    rows = {"hyla": {"model.attention": "hyla"}}
-    sweep_file.write_text(
-        yaml.safe_dump(
-            {
-                "name": "table_a1_tiny",
-                "config": "fuzzy_logic",
-                "rows": rows,
-                "grid": {"train.lr": [0.001, 0.003]},
-                "seeds": [0, 1, 2],
-            }
-        )
-    )
+    sweep_file = tiny_table_a1(tmp_path, {"hyla": {"model.attention": "hyla"}})
     records = tmp_path / "sweeps" / "table_a1_tiny"
     for spec in load_sweep(str(sweep_file)).runs(["hyla"]):
         if dict(spec.point)["train.lr"] == 0.001:

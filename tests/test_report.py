@@ -50,6 +50,15 @@ def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None
     assert (tmp_path / "out" / "learning_curves.png").is_file() and (tmp_path / "out" / "report.md").is_file()
 
 
+def test_report_lists_every_evaluation_of_every_run(tmp_path: Path) -> None:
+    runs = [fake_run(tmp_path, "h", s, ood) for s, ood in ((0, 0.6), (1, 0.8))]
+    build_report(runs, tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| run | split | 10 | 20 |" in text
+    assert "| h_s0 | ood | 30.0 | 60.0 |" in text and "| h_s1 | ood | 40.0 | 80.0 |" in text
+    assert "| h_s1 | test | 80.0 | 80.0 |" in text
+
+
 def test_sweep_plot_when_one_key_varies(tmp_path: Path, capsys) -> None:
     runs = [fake_run(tmp_path, f"h{d}", 0, 0.5 + d / 100, **{"model.num_layers": d}) for d in (4, 8, 16)]
     softmax = {"model.attention": "softmax"}

@@ -258,9 +258,23 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
             "## Latent code\n\n" + "\n".join(lines) + "\n\n" + "".join(f"![{f}]({f})\n" for f in latent_figs)
         )
         (out / "latents.json").write_text(json.dumps(results, indent=2, default=str))
+    sections.append(f"## Every evaluation ({metric}, %)\n\n{every_evaluation(runs, splits, metric)}\n")
     sections.append("Run directories:\n\n" + "\n".join(f"- `{r.path}`" for r in runs) + "\n")
     (out / "report.md").write_text("\n".join(sections))
     return table
+
+
+def every_evaluation(runs: list[Run], splits: list[str], metric: str) -> str:
+    """One row per run and split, one column per evaluated step: ``metric`` in %, blank where not evaluated."""
+    steps = sorted({step for run in runs for split in splits for step in run.curve(split, metric)[0]})
+    lines = ["| run | split | " + " | ".join(str(s) for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+    for run in runs:
+        for split in splits:
+            at = dict(zip(*run.curve(split, metric)))
+            if at:
+                cells = " | ".join(f"{100 * at[s]:.1f}" if s in at else "" for s in steps)
+                lines.append(f"| {run.name} | {split} | {cells} |")
+    return "\n".join(lines)
 
 
 def _mean_se_cell(values: list[float]) -> str:
