@@ -235,6 +235,7 @@ LIBRARY_DEFAULTS = [
 NEW_KEYS = [o.split("=")[0].split(".") for o in LIBRARY_DEFAULTS]
 
 
+@pytest.mark.float_sensitive
 def test_a_checkpoint_from_before_the_new_options_still_resumes(tmp_path: Path) -> None:
     overrides = [*tiny_overrides(steps=8, every=4), *LIBRARY_DEFAULTS, "data.num_unseen_terms=0"]
     run, whole = tmp_path / "run", tmp_path / "whole"

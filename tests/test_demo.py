@@ -1,34 +1,72 @@
-"""`hyla demo` end to end at a tiny size: runs, reuse of finished runs, the report and plots."""
+"""`hyla demo` end to end at a tiny size: the first steps of a sweep's seed-0 runs beside their records."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import yaml
+
 from hyla.cli import main
+from tiny import tiny_overrides
 
-TINY = [
-    "model.emb_dim=16",
-    "model.num_heads=2",
-    "model.qk_dim=8",
-    "model.v_dim=8",
-    "model.mlp_dim=32",
-    "train.batch_size=16",
-    "train.eval_batch_size=64",
-]
+VARIANTS = ("softmax", "linear", "hyla")
 
 
-def test_demo_trains_each_variant_and_writes_the_report(tmp_path: Path, capsys) -> None:
+def tiny_paper_sweep(tmp_path: Path) -> Path:
+    """A sweep shaped like Table A1's (rows x an lr grid x seeds 0-1), at a tiny size, with its records."""
+    overrides = dict(o.split("=", 1) for o in tiny_overrides(steps=8, every=4, log_every=1))
+    spec = {
+        "name": "tiny_paper",
+        "config": "fuzzy_logic",
+        "rows": {v: {"model.attention": v} for v in VARIANTS},
+        "grid": {"train.lr": [0.001, 0.003]},
+        "seeds": [0, 1],
+        "overrides": {k: yaml.safe_load(v) for k, v in overrides.items()},
+    }
+    path = tmp_path / "tiny_paper.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    where = ["--where", "train.lr=0.001", "--where", "seed=0"]
+    assert main(["sweep", str(path), "--root", str(tmp_path / "records"), *where]) == 0
+    return path
+
+
+def test_demo_trains_the_first_steps_and_compares_them_with_the_records(tmp_path: Path, capsys) -> None:
+    sweep = tiny_paper_sweep(tmp_path)
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--steps", "6", "--eval-size", "64", "--quiet", *TINY]
+    argv = ["demo", "--sweep", str(sweep), "--records", str(tmp_path / "records"), "--out", str(out)]
+    argv += ["--steps", "4", "--eval-size", "64"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for variant in ("softmax", "linear", "hyla"):
-        assert (out / variant / "metrics.jsonl").is_file()
-        assert f"| {variant} |" in printed
+    for variant in VARIANTS:
+        run = out / variant
+        # the record's own config, stopped at step 4 of its 8-step schedule
+        assert yaml.safe_load((run / "config.yaml").read_text())["train"]["steps"] == 8
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if r["split"] == "train_batch"] == [1, 2, 3, 4]
+        row = next(line for line in printed.splitlines() if line.startswith(f"| {variant} |"))
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[2].endswith("/4")  # the four logged training losses compared with the record's
+        assert float(cells[3]) < 1e-4  # another thread count here than the record's: rounding only
+        assert cells[4].endswith("(step 8)")
+    assert "At step 4 on this machine," in printed and "The records end with" in printed
     report = (out / "report.md").read_text()
-    assert "| variant | train R^2 (%) | test R^2 (%) | ood R^2 (%) | unseen_terms R^2 (%) | train loss" in report
-    for png in ("learning_curves_r2.png", "training_loss.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a second invocation reuses the finished runs instead of training again
+    assert "stopped\nat step 4 of the 8-step schedule" in report or "at step 4 of the 8-step schedule" in report
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a second invocation reuses the stopped runs and their evaluations instead of training again
     assert main(argv) == 0
-    assert "finished run found" in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert all(
+        row.rstrip().endswith("| 0 |")
+        for row in again.splitlines()
+        if row.startswith("| ") and "---" not in row and "variant" not in row
+    )
+
+
+def test_demo_refuses_steps_beyond_the_records_schedule(tmp_path: Path, capsys) -> None:
+    sweep = tiny_paper_sweep(tmp_path)
+    argv = ["demo", "--sweep", str(sweep), "--records", str(tmp_path / "records"), "--out", str(tmp_path / "d")]
+    assert main([*argv, "--steps", "9"]) == 2
+    assert "--steps must be in 1..8" in capsys.readouterr().err
+    assert main([*argv, "--variants", "hyla_plus"]) == 2
+    assert "--variants: 'hyla_plus' is not a row of tiny_paper; rows: softmax, linear, hyla" in capsys.readouterr().err

@@ -55,6 +55,7 @@ def test_engine_choice_and_its_errors(tmp_path: Path) -> None:
     one.close()
 
 
+@pytest.mark.float_sensitive
 def test_stacked_adamw_equals_torch_adamw_and_converts_both_ways() -> None:
     """Two runs with different lr / weight decay, 5 steps on random gradients: the stacked update is
     ``torch.optim.AdamW``'s, and a run's moments survive the trip to its state format and back."""

@@ -8,7 +8,17 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 #: sub-package -> layer; a module may import only its own layer or lower ones. Top-level modules (cli,
 #: sweep, export, demo, __main__) form the last layer; the package's ``__init__`` re-exports attention.
-LAYERS = {"runtime": 0, "attention": 0, "tasks": 0, "models": 1, "train": 2, "analysis": 3, "bench": 3, "text": 3}
+LAYERS = {
+    "runtime": 0,
+    "textio": 0,
+    "attention": 0,
+    "tasks": 0,
+    "models": 1,
+    "train": 2,
+    "analysis": 3,
+    "bench": 3,
+    "text": 3,
+}
 TOP = 4
 
 

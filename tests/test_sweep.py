@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import torch
 import yaml
 
 from hyla import sweep as sweep_module
+from hyla.analysis.paper_report import sweep_section
 from hyla.cli import main
 from hyla.sweep import wall_seconds, worker_threads
+from hyla.textio import read_jsonl
 from hyla.train.sweepfile import load_sweep, run_state
 from tiny import tiny_overrides
 
@@ -133,6 +136,58 @@ def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+#: ``python -c`` this with ``hyla`` arguments: the command is killed with SIGKILL right after step 6 (no
+#: handler, no ``finally`` runs: what ``kill -9`` or the OOM killer does)
+SIGKILL_AFTER_STEP_6 = """
+import os, signal, sys
+from hyla.cli import main
+from hyla.train.loop import Trainer
+
+real_step = Trainer.train_step
+
+def step_then_sigkill(self):
+    real_step(self)
+    if self.step == 6:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+Trainer.train_step = step_then_sigkill
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_piece_keeps_its_record_and_the_next_piece_completes_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(["sweep", str(path), "--root", str(whole)]) == 0
+    [piece] = read_jsonl(whole / "tiny" / "hyla-seed0" / "made_by.jsonl")  # one piece, one complete line
+    assert piece["from_step"] == 0 and piece["to_step"] == 8 and piece["ended"] and piece["wall_s"] > 0
+
+    cmd = [sys.executable, "-c", SIGKILL_AFTER_STEP_6, "sweep", str(path), "--root", str(parts)]
+    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run = parts / "tiny" / "hyla-seed0"
+    [started] = read_jsonl(run / "made_by.jsonl")  # what it was, though it never said how it ended
+    assert started["from_step"] == 0 and started["stacked_with"] == 1
+    assert started["ended"] is None and started["to_step"] is None and started["wall_s"] is None
+    assert {"commit", "machine", "device", "date"} <= set(started)
+    assert run_state(run) == "stopped"
+    section = sweep_section(load_sweep(str(path)), parts, tmp_path / "figures")
+    assert "(not counting 1 pieces still training or killed before their end)" in section
+
+    assert main(["sweep", str(path), "--root", str(parts)]) == 0
+    assert "1 runs finished now, 0 left" in capsys.readouterr().out
+    assert records(parts / "tiny") == records(whole / "tiny")
+    killed_piece, resumed = read_jsonl(run / "made_by.jsonl")
+    assert killed_piece == started  # left as it was; the new piece appended and completed its own line
+    assert resumed["from_step"] == 4 and resumed["to_step"] == 8 and resumed["ended"] and resumed["wall_s"] > 0
+
+
 def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -231,8 +286,10 @@ def test_submitit_local_launcher_trains_the_pending_runs(tmp_path: Path, capsys:
 
 
 def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> None:
-    """benchmarks/gpu_paper.sh, as a device call would run it, with tiny sweeps on the CPU: each call
-    stops within its budget and the next continues, until every run is done."""
+    """benchmarks/gpu_paper.sh, as device calls would run it, with tiny sweeps on the CPU: a call whose
+    budget is too short for any stage trains nothing and says how many runs are left, a call with enough
+    budget trains them all, a call after that trains nothing. Whether a stage runs depends only on the
+    budget given, never on how fast this machine is (stopping mid-run at --max-minutes has its own test)."""
     import os
     import subprocess
     import sys
@@ -250,23 +307,75 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     env = {
         **os.environ,
         "DEVICE": "cpu",
-        "MINUTES": "5",  # ample for the tiny runs even on a busy machine: every stage starts
-        "ROOT": str(tmp_path / "records"),
+        "ROOT": "records",  # relative: the archive holds paths relative to where the script runs
+        "PAPER_OUT": "paper_out",
         "FUZZY": str(files["fuzzy_logic"]),
         "SRAVEN": str(files["sraven"]),
         "PYTHON": sys.executable,
         "PYTHONPATH": str(repo / "src"),
         "OMP_NUM_THREADS": "1",
     }
-    done = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_paper.sh")], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert "== stage 1-fuzzy" in done.stdout and "== stage 3-sraven-rest" in done.stdout
-    assert "all done" in done.stdout, done.stdout
-    for task in ("fuzzy_logic", "sraven"):
-        for row in ("softmax", "linear", "hyla"):
-            assert run_state(tmp_path / "records" / f"tiny_{task}" / f"{row}-seed0") == "done"
-    again = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_paper.sh")], env=env, capture_output=True, text=True)
-    assert again.returncode == 0 and "all done" in again.stdout and "all 3 runs are done" in again.stdout
+
+    def call(where: str, minutes: str, **more: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / where).mkdir(exist_ok=True)
+        script = ["bash", str(repo / "benchmarks" / "gpu_paper.sh")]
+        run_env = {**env, "MINUTES": minutes, "ARCHIVE": str(tmp_path / f"{where}.tar.gz"), **more}
+        done = subprocess.run(script, env=run_env, cwd=tmp_path / where, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def archived(where: str) -> set[str]:
+        with tarfile.open(tmp_path / f"{where}.tar.gz") as tar:
+            return set(tar.getnames())
+
+    # 6 s: under the 20 s the script wants before a stage, however little of it has passed
+    skipped = call("a", "0.1")
+    assert [line for line in skipped.stdout.splitlines() if line.startswith("budget spent")] == [
+        "budget spent before stage 1-fuzzy",
+        "budget spent before stage 2-sraven-main",
+        "budget spent before stage 3-sraven-rest",
+    ]
+    assert "== stage" not in skipped.stdout and "not done yet (6 runs left)" in skipped.stdout, skipped.stdout
+    assert "  left: records/tiny_fuzzy_logic/softmax-seed0" in skipped.stdout.splitlines(), skipped.stdout
+    # a run stopped at step 4 (as a call whose budget ends mid-run leaves it): its newest checkpoint is archived
+    emitted = subprocess.run(
+        [sys.executable, "-m", "hyla", "sweep", str(files["fuzzy_logic"]), "--root", "records", "--emit-commands"],
+        env=env,
+        cwd=tmp_path / "a",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[0]
+    words = shlex.split(emitted)
+    assert words[:2] == ["hyla", "train"]
+    stop = [sys.executable, "-m", "hyla", *words[1:], "--stop-at-step", "4"]
+    subprocess.run(stop, env=env, cwd=tmp_path / "a", check=True, capture_output=True)
+    call("a", "0.1")
+    stopped = words[words.index("--out") + 1]
+    assert {f"{stopped}/metrics.jsonl", f"{stopped}/checkpoints/latest"} <= archived("a")
+    assert any(n.startswith(f"{stopped}/checkpoints/step-000000004/") for n in archived("a"))
+    # elsewhere (another machine), from that archive: 10 hours for six runs of 8 tiny steps, a bound no
+    # machine comes near, so every stage starts and every run ends by its steps, not by the clock
+    trained = call("b", "600", RESUME_FROM=str(tmp_path / "a.tar.gz"))
+    stages = [line.split(" (")[0] for line in trained.stdout.splitlines() if line.startswith("== stage")]
+    assert stages == ["== stage 1-fuzzy", "== stage 2-sraven-main", "== stage 3-sraven-rest"], trained.stdout
+    assert "all done" in trained.stdout, trained.stdout
+    rows = ("softmax", "linear", "hyla")
+    runs = [tmp_path / "b" / "records" / f"tiny_{t}" / f"{row}-seed0" for t in files for row in rows]
+    assert all(run_state(run) == "done" and (run / "model.safetensors").is_file() for run in runs)
+    made_by = {run: (run / "made_by.jsonl").read_text() for run in runs}
+    assert all(len(text.splitlines()) == 1 for text in made_by.values())  # each trained in one piece
+    assert json.loads(made_by[tmp_path / "b" / stopped])["from_step"] == 4  # continued from the archive
+    names = archived("b")
+    assert not any("/checkpoints/" in n for n in names)  # finished runs keep their weights, not checkpoints
+    assert {f"{stopped}/model.safetensors", "paper_out/paper.md"} <= names
+    # a third call, from the second's archive, finds everything done and trains nothing
+    again = call("c", "600", RESUME_FROM=str(tmp_path / "b.tar.gz"))
+    assert "all done" in again.stdout and "all 3 runs are done" in again.stdout, again.stdout
+    assert made_by == {
+        tmp_path / "b" / run.relative_to(tmp_path / "c"): (run / "made_by.jsonl").read_text()
+        for run in (tmp_path / "c" / "records").glob("*/*")
+    }
 
 
 def test_parallel_jobs_write_the_records_of_one_job(
@@ -309,20 +418,24 @@ def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp
     root = tmp_path / "r"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "hyla", "sweep", str(path), "--root", str(root), "--jobs", "2"]
+    # Waits below are for events (two runs training, the sweep exiting), however long a busy machine takes
+    # to spawn and import; the bound only ends a sweep that hangs, it does not time anything.
+    hang_guard_s = 30 * 60
     sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started: list[Path] = []
-        for _ in range(600):  # both workers training (each has logged a step)
+        give_up = time.monotonic() + hang_guard_s
+        while time.monotonic() < give_up:  # until both workers train (each has logged a step) or the sweep ends
             logs = list(root.glob("tiny/*/train.log"))
             started = [log.parent for log in logs if "step " in log.read_text()]
             if len(started) == 2 or sweep.poll() is not None:
                 break
             time.sleep(0.2)
-        assert len(started) == 2, sweep.communicate()
+        assert len(started) == 2, sweep.communicate() if sweep.poll() is not None else "hung: no two runs training"
         children = subprocess.run(["pgrep", "-P", str(sweep.pid)], capture_output=True, text=True).stdout.split()
         workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
         sweep.send_signal(signal.SIGTERM)
-        out, err = sweep.communicate(timeout=120)
+        out, err = sweep.communicate(timeout=hang_guard_s)
     finally:
         if sweep.poll() is None:
             sweep.kill()

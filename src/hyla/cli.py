@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from hyla.runtime import tune_cpu_allocator
+from hyla.textio import print_warnings_on_one_line
 
 #: subcommand -> module providing ``register(subparsers)``; imported lazily so ``hyla --help`` is fast
 SUBCOMMANDS: dict[str, str] = {
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if command is None else 2
     tune_cpu_allocator()
+    print_warnings_on_one_line()
     return int(args.func(args) or 0)
 
 

@@ -1,128 +1,218 @@
-"""``hyla demo``: softmax vs linear vs HYLA on fuzzy logic, on a laptop CPU in under 10 minutes.
+"""``hyla demo``: the first steps of the paper's fuzzy-logic runs on your CPU, beside their full-length records.
 
-Reduced versus the paper (configs/fuzzy_logic.yaml): fewer steps (``--steps``, default 3000 instead of
-50,000) and smaller evaluation sets (4,096 problems per split instead of 51,200); the model, data,
-optimizer and split are the paper's. Re-running resumes unfinished runs and reuses finished ones.
+The runs are Table A1's softmax, linear and HYLA at the paper's grid point, seed 0: the first run of each
+row in ``configs/sweeps/table_a1_fuzzy.yaml`` (lr 1e-3, wd 0.1), trained from the config its committed
+record holds (``results/sweeps/table_a1_fuzzy/<run>/config.yaml``): the 50,000-step schedule, stopped
+after ``--steps``. Each run trains on one thread, as the records did, all at once. The report then
+
+* checks that this machine reproduces each record's training curve over those steps (how close);
+* evaluates the stopped models (``--eval-size`` problems per split);
+* draws the records' full-length OOD curves beside the user's point, and says which variant leads at
+  the end and where the records first show it, since the first steps alone do not.
+
+Re-running resumes unfinished runs and reuses finished ones (``<out>/<variant>/demo_eval.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from hyla.analysis.plots import learning_curves
-from hyla.analysis.runs import load_run
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
-from hyla.train.config import load_config
-from hyla.train.loop import Trainer
+from hyla.analysis.plots import first_steps_beside_records
+from hyla.analysis.runs import Run, load_run
+from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.cli import failure_exit_code
+from hyla.train.config import ExperimentConfig, load_config
+from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
+from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
 DEMO_VARIANTS = ("softmax", "linear", "hyla")
+DEMO_EVAL = "demo_eval.json"
+#: what the report compares: the metric of the task (fuzzy logic: R^2) on held-out combinations
+METRIC, SPLIT = "r2", "ood"
 
 
-def demo_overrides(steps: int, eval_size: int) -> list[str]:
-    return [
-        f"train.steps={steps}",
-        f"train.eval_every={max(steps // 10, 1)}",
-        f"train.checkpoint_every={max(steps // 4, 1)}",
-        f"train.eval_size={eval_size}",
-        "train.log_every=50",
-    ]
+def paper_records(sweep_name: str, root: Path, variants: list[str]) -> dict[str, Path]:
+    """Each variant's record folder: the sweep's first run of that row at seed 0 (its first grid point)."""
+    sweep = load_sweep(sweep_name)
+    records = {}
+    for variant in variants:
+        if variant not in sweep.rows:
+            raise ValueError(f"--variants: {variant!r} is not a row of {sweep.name}; rows: {', '.join(sweep.rows)}")
+        specs = [s for s in sweep.runs([variant]) if s.seed == 0]
+        if not specs:
+            raise ValueError(f"--variants: sweep {sweep.name} has no run of row {variant!r} at seed 0")
+        record = root / sweep.name / specs[0].name
+        if not (record / "config.yaml").is_file() or not (record / "metrics.jsonl").is_file():
+            raise ValueError(f"{record}: no committed record (config.yaml, metrics.jsonl) to start from")
+        records[variant] = record
+    return records
 
 
-def train_variant(variant: str, out: Path, overrides: list[str], quiet: bool) -> float:
-    """Train (or resume, or reuse) one variant; returns the wall time spent now."""
-    cfg = load_config("fuzzy_logic", [f"model.attention={variant}", f"name=demo_{variant}", *overrides])
-    run_dir = out / variant
-    resume = False
+def demo_config(record: Path, steps: int, eval_size: int) -> ExperimentConfig:
+    """The record's own config; only the evaluation is smaller (it draws from its own generators, so
+    training is unchanged)."""
+    cfg = load_config(str(record / "config.yaml"), [f"train.eval_size={eval_size}"])
+    if not 1 <= steps <= cfg.train.steps:
+        raise ValueError(f"--steps must be in 1..{cfg.train.steps} (the record's schedule), got {steps}")
+    return cfg
+
+
+def train_and_evaluate(record: Path, run_dir: Path, steps: int, eval_size: int) -> dict[str, Any]:
+    """Train the record's run to ``steps`` in ``run_dir`` (resuming, or reusing a finished demo run),
+    evaluate it there; ``{"wall_s", "eval": {split: metrics}}``, also kept in ``run_dir/demo_eval.json``."""
+    import torch
+
+    torch.set_num_threads(1)  # as the records were trained: one thread per run
+    cfg = demo_config(record, steps, eval_size)
+    done = run_dir / DEMO_EVAL
     ckpt = latest_checkpoint(run_dir) if run_dir.exists() else None
-    if ckpt is not None:
-        saved = load_checkpoint(ckpt)
-        same = {k: v for k, v in saved.config.items() if k != "model"} == {
-            k: v for k, v in cfg.to_dict().items() if k != "model"
-        } and saved.config["model"]["attention"] == variant
-        if same and saved.step >= cfg.train.steps:
-            print(f"{variant}: finished run found in {run_dir}, reusing it")
-            return 0.0
-        resume = same
-    if not resume and run_dir.exists():
-        shutil.rmtree(run_dir)  # a demo run of another configuration: start it afresh
+    step = load_checkpoint(ckpt).step if ckpt is not None else 0
+    if done.is_file() and step == steps:
+        return {**json.loads(done.read_text()), "wall_s": 0.0}
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, run_dir, resume=resume, quiet=quiet)
+    trainer = Trainer(cfg, run_dir, resume=ckpt is not None, quiet=True)
     try:
+        trainer.stop_at_step = steps
         trainer.run()
+        evaluation = trainer.evaluate()[0]
     finally:
         trainer.close()
-    return time.perf_counter() - t0
+    result = {"step": steps, "eval": evaluation}
+    done.write_text(json.dumps(result))
+    return {**result, "wall_s": time.perf_counter() - t0}
 
 
-def write_report(out: Path, variants: list[str], wall: dict[str, float]) -> str:
-    runs = [load_run(out / v) for v in variants]
-    splits = [s for s in ("train", "test", "ood", "unseen_terms") if runs[0].final(s)]
-    header = "| variant | " + " | ".join(f"{s} R^2 (%)" for s in splits) + " | train loss | wall (s) |"
-    lines = [header, "|" + "---|" * (len(splits) + 3)]
-    for v, run in zip(variants, runs):
-        cells = []
-        for s in splits:
-            final = run.final(s)
-            cells.append(f"{100 * final['r2']:.1f}" if final else "-")
-        train = run.final("train")
-        loss = f"{train['loss']:.4f}" if train else "-"
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {loss} | {wall.get(v, 0):.0f} |")
+def curve_agreement(yours: Run, record: Run, steps: int) -> dict[str, Any]:
+    """How closely your training loss follows the record's over the first ``steps``: the logged steps
+    compared, how many are bit-equal and the largest relative difference."""
+    mine = dict(zip(*yours.curve("train_batch", "loss")))
+    theirs = {s: v for s, v in zip(*record.curve("train_batch", "loss")) if s <= steps}
+    common = sorted(set(mine) & set(theirs))
+    rel = [abs(mine[s] - theirs[s]) / abs(theirs[s]) for s in common]
+    return {
+        "steps": len(common),
+        "equal": sum(mine[s] == theirs[s] for s in common),
+        "max_rel": max(rel, default=float("nan")),
+        "last_rel": rel[-1] if rel else float("nan"),
+    }
+
+
+def lead(values: dict[str, float]) -> str:
+    return max(values, key=values.__getitem__)
+
+
+def first_lasting_lead(records: dict[str, Run], leader: str) -> int | None:
+    """The first evaluation step from which ``leader`` stays ahead of every other record on OOD."""
+    curves = {v: dict(zip(*run.curve(SPLIT, METRIC))) for v, run in records.items()}
+    steps = sorted(set.intersection(*(set(c) for c in curves.values())))
+    ahead = [all(curves[leader][s] > c[s] for v, c in curves.items() if v != leader) for s in steps]
+    for i, step in enumerate(steps):
+        if all(ahead[i:]):
+            return step
+    return None
+
+
+def write_report(
+    out: Path, records: dict[str, Path], results: dict[str, dict], steps: int, sweep_name: str, eval_size: int
+) -> str:
+    runs = {v: load_run(out / v) for v in records}
+    recs = {v: load_run(path) for v, path in records.items()}
+    evals = {v: results[v]["eval"] for v in records}
+    agree = {v: curve_agreement(runs[v], recs[v], steps) for v in records}
+    final = {v: recs[v].final(SPLIT) for v in records}
+    end = {v: final[v][METRIC] for v in records if final[v]}
+    yours = {v: evals[v][SPLIT][METRIC] for v in records}
+    lines = [
+        f"| variant | yours at step {steps}: {SPLIT} {METRIC} (%) | loss vs record: equal steps | max rel. diff "
+        f"| record at its end: {SPLIT} {METRIC} (%) | wall (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in records:
+        a = agree[v]
+        end_cell = f"{100 * end[v]:.1f} (step {final[v]['step']:,})" if v in end else "-"
+        lines.append(
+            f"| {v} | {100 * yours[v]:.1f} | {a['equal']}/{a['steps']} | {a['max_rel']:.1e} | {end_cell} "
+            f"| {results[v]['wall_s']:.0f} |"
+        )
     table = "\n".join(lines)
-    learning_curves(runs, "r2", ["train", "test", "ood"], out / "learning_curves_r2.png", "fuzzy logic: R^2")
-    learning_curves(runs, "loss", ["train_batch"], out / "training_loss.png", "training loss (batch mean)")
-    steps = runs[0].config["train"]["steps"]
-    unseen_note = (
-        " `unseen_terms` = combinations of terms never trained on (the paper: no model solves it)."
-        if "unseen_terms" in splits
-        else ""
-    )
-    report = f"""# hyla demo: softmax vs linear vs HYLA on fuzzy logic
+    yours_at_stop = {v: evals[v][SPLIT][METRIC] for v in records}
+    first_steps_beside_records(out / "demo.png", runs, recs, yours_at_stop, steps, SPLIT, METRIC)
+    summary = [f"At step {steps} on this machine, {lead(yours)} leads on {SPLIT} {METRIC}."]
+    if len(end) == len(records):
+        winner = lead(end)
+        since = first_lasting_lead(recs, winner)
+        summary.append(
+            f"The records end with {winner} ahead ("
+            + ", ".join(f"{v} {100 * end[v]:.1f}" for v in sorted(end, key=end.__getitem__, reverse=True))
+            + ")"
+            + (f", and {winner} leads at every evaluation from step {since:,} on." if since else ".")
+        )
+        if winner != lead(yours):
+            summary.append(
+                f"So the first {steps} steps alone do not show who wins: the variants separate later in "
+                "the schedule, which is why the paper trains 50,000 steps."
+            )
+    report = f"""# hyla demo: the first {steps} steps of the paper's runs, beside their records
 
-Command: `hyla demo --out {out}` (`make demo`). Device: CPU, {torch.get_num_threads()} threads.
-
-Setting: the paper's fuzzy-logic model and data as the authors' code ran them (configs/fuzzy_logic.yaml:
-L=4 variables, K=2 terms, N=32 examples, 70% of the combinations of 12 terms held out, 2 layers, emb
-128, 8 heads, qk/v 16, attention dropout 0.1) trained for {steps} steps instead of 50,000, evaluated on
-{runs[0].config["train"]["eval_size"]} problems per split instead of 16,000; one seed (the paper: three).
+Command: `hyla demo --steps {steps} --out {out}` (`make demo`). Runs: the seed-0 runs of `{sweep_name}`
+at the paper's grid point, from their records' configs (softmax, linear, HYLA; authors' setup), stopped
+at step {steps} of the {recs[next(iter(recs))].config["train"]["steps"]:,}-step schedule; one thread each.
 
 {table}
 
-R^2 per sequence (1 - squared error / variance of the sequence's targets), averaged over problems;
-`ood` = held-out term combinations.{unseen_note} "wall" is this
-invocation's training time (0 = reused from an earlier run).
+{" ".join(summary)}
 
-![R^2 learning curves](learning_curves_r2.png)
+"loss vs record": the logged training losses of your run against the committed record's over the same
+steps. Equal steps mean this machine computes what the record's did, bit for bit; elsewhere rounding
+(another CPU, or code changed since the record) makes them drift apart slowly, and the max relative
+difference says how far. "yours": evaluated on {eval_size:,} problems per split; the records evaluate on
+their own schedule (every {recs[next(iter(recs))].config["train"]["eval_every"]:,} steps).
 
-![training loss](training_loss.png)
+![training loss and OOD](demo.png)
 """
     (out / "report.md").write_text(report)
-    return table
+    return table + "\n\n" + " ".join(summary)
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    overrides = demo_overrides(args.steps, args.eval_size) + list(args.overrides)
-    wall: dict[str, float] = {}
     t0 = time.perf_counter()
-    for v in variants:
-        wall[v] = train_variant(v, out, overrides, args.quiet)
-    table = write_report(out, variants, wall)
-    print(f"\n{table}\n\nreport: {out / 'report.md'} (total {time.perf_counter() - t0:.0f} s)")
+    try:
+        if not variants:
+            raise ValueError(f"--variants must name rows of the sweep, e.g. {','.join(DEMO_VARIANTS)}")
+        records = paper_records(args.sweep, Path(args.records), variants)
+        for record in records.values():  # every config is valid before the first trains
+            demo_config(record, args.steps, args.eval_size)
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(len(records), mp_context=context) as pool:
+            futures = {
+                v: pool.submit(train_and_evaluate, record, out / v, args.steps, args.eval_size)
+                for v, record in records.items()
+            }
+            results = {v: f.result() for v, f in futures.items()}
+    except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
+        return failure_exit_code("hyla demo", err, "(checkpoint saved); run the same command to continue")
+    summary = write_report(out, records, results, args.steps, args.sweep, args.eval_size)
+    print(f"\n{summary}\n\nreport: {out / 'report.md'} (total {time.perf_counter() - t0:.0f} s)")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="softmax vs linear vs HYLA on fuzzy logic (CPU, minutes)")
+    p = sub.add_parser("demo", help="the first steps of the paper's fuzzy-logic runs, beside their records (CPU)")
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--eval-size", type=int, default=4096)
-    p.add_argument("--variants", default=",".join(DEMO_VARIANTS))
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="extra config overrides")
+    p.add_argument("--steps", type=int, default=1500, help="steps of the 50,000-step schedule to train (default 1500)")
+    p.add_argument("--eval-size", type=int, default=4096, help="problems per split for your runs' evaluation")
+    p.add_argument(
+        "--variants", default=",".join(DEMO_VARIANTS), help="rows of the sweep (default softmax,linear,hyla)"
+    )
+    p.add_argument("--sweep", default="table_a1_fuzzy", help="the sweep whose seed-0 records to start from")
+    p.add_argument("--records", default=str(RECORD_ROOT), help="where its records are (default results/sweeps)")
+    p.add_argument("--quiet", action="store_true", help="(kept for scripts; the runs train quietly)")
     p.set_defaults(func=run)

@@ -79,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
             arrays = export_sraven(task, args.split, args.num, args.seed)
         else:
             arrays = export_fuzzy_logic(task, args.split, args.num, args.seed)
+        _save_npz(Path(args.out), **arrays)
     except ValueError as err:
         print(f"hyla data: error: {err}", file=sys.stderr)
         return 2
-    _save_npz(Path(args.out), **arrays)
+    except OSError as err:
+        print(f"hyla data: error: --out {args.out}: cannot write it ({err.strerror or err})", file=sys.stderr)
+        return 2
     shapes = ", ".join(f"{k} {v.shape}" for k, v in arrays.items())
     print(f"wrote {args.out}: {shapes}")
     return 0

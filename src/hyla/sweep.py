@@ -34,10 +34,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from hyla.train.config import CONFIG_DIR, load_config
-from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, last_step, load_sweep, run_state
+from hyla.textio import append_jsonl, print_warnings_on_one_line, read_jsonl, rewrite_jsonl
+from hyla.train.config import CONFIG_DIR, load_config, parse_override_value
+from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_run_configs, last_step, load_sweep, run_state
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
+#: each run's pieces: one line per piece of training, written when it starts (``ended``, ``to_step`` and
+#: ``wall_s`` null) and completed when it ends; a piece killed outright keeps its start line
+MADE_BY = "made_by.jsonl"
 #: seconds kept free at the end of ``--max-minutes`` for the last checkpoint and evaluation (at most this,
 #: at most a tenth of the budget)
 BUDGET_MARGIN_S = 30.0
@@ -76,6 +80,17 @@ def _cpu_model() -> str:
 
 
 # ------------------------------------------------------------------------------ running
+def finish_piece_record(path: Path, started: dict[str, Any], finished: dict[str, Any]) -> None:
+    """Replace the piece's ``started`` line (the last of ``path``) by ``finished``, atomically; appended
+    instead if that line is gone."""
+    records = read_jsonl(path) if path.exists() else []
+    if records and records[-1] == started:
+        records[-1] = finished
+    else:
+        records.append(finished)
+    rewrite_jsonl(path, records)
+
+
 def plan_groups(specs: list[RunSpec], root: Path) -> list[list[RunSpec]]:
     """``specs`` (all not done) as the groups they train in, in sweep order: new runs that the stacked
     trainer can stack form one group; a stopped run resumes alone."""
@@ -102,7 +117,8 @@ def train_group(
 ) -> list[str]:
     """Train one group of :func:`plan_groups` (a lone run or a stack) until done, ``deadline``
     (``time.monotonic()``) or ``stop_requested()`` (asked after every step; the group then stops with a
-    checkpoint); append each run's segment to its ``made_by.jsonl``; return the names finished."""
+    checkpoint); record the piece in each run's ``made_by.jsonl`` as it starts and complete that line as it
+    ends; return the names finished."""
     from hyla.train.loop import Trainer
 
     if deadline is not None and time.monotonic() >= deadline:
@@ -114,24 +130,25 @@ def train_group(
     t0 = time.monotonic()
     engine = "lone" if len(group) == 1 else "stacked"
     trainer = Trainer(cfgs, outs, engine=engine, device=device, resume=resume, quiet=quiet, progress=not quiet)
-    from_step = trainer.step  # the checkpoint's step (the metrics log may end a few steps before it)
+    started = {
+        **made,
+        "ended": None,  # null until the piece ends: one killed outright (SIGKILL) keeps it so
+        "from_step": trainer.step,  # the checkpoint's step (the metrics log may end a few steps before it)
+        "to_step": None,
+        "wall_s": None,
+        "stacked_with": len(group),
+    }
     trainer.deadline, trainer.stop_requested = deadline, stop_requested
     try:
+        for out in outs:
+            append_jsonl(out / MADE_BY, started)
         trainer.run()
     finally:
         trainer.close()
         ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        finished = {**started, "ended": ended, "to_step": trainer.step, "wall_s": round(time.monotonic() - t0, 1)}
         for out in outs:
-            record = {
-                **made,
-                "ended": ended,
-                "from_step": from_step,
-                "to_step": trainer.step,
-                "wall_s": round(time.monotonic() - t0, 1),
-                "stacked_with": len(group),
-            }
-            with open(out / "made_by.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            finish_piece_record(out / MADE_BY, started, finished)
     return [s.name for s in group] if trainer.step >= cfgs[0].train.steps else []
 
 
@@ -183,6 +200,7 @@ def _worker_init(threads: int, stop: Any) -> None:
 
     global _STOP
     torch.set_num_threads(threads)
+    print_warnings_on_one_line()
     _STOP = stop
     # a signal between groups must not end the worker (the pool would break): it stops the whole sweep;
     # while a group trains, the trainer's own handlers take over (checkpoint, Interrupted)
@@ -294,13 +312,13 @@ def estimate_seconds(
 def apply_overrides(sweep: Sweep, items: list[str]) -> None:
     """``--override key=value``: added to every run of ``sweep`` (its config, so a stopped run resumes only
     under the same overrides)."""
-    import yaml
-
     for item in items:
         if "=" not in item:
             raise ValueError(f"--override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        sweep.overrides[key.strip()] = yaml.safe_load(raw)
+        sweep.overrides[key.strip()] = parse_override_value(item, raw)
+    if items:
+        check_run_configs(sweep, "--override " + " ".join(items))
 
 
 def _submit(specs: list[RunSpec], sweep: Sweep, root: Path, launcher: str, device: str, extra: list[str]) -> int:
@@ -310,9 +328,13 @@ def _submit(specs: list[RunSpec], sweep: Sweep, root: Path, launcher: str, devic
     except ImportError:
         print("hyla sweep: error: --launcher needs submitit (pip install 'hyla[sweep]')", file=sys.stderr)
         return 2
-    executor = submitit.AutoExecutor(
-        folder=str(root / "_submitit"), cluster="local" if launcher == "submitit-local" else "slurm"
-    )
+    try:
+        executor = submitit.AutoExecutor(
+            folder=str(root / "_submitit"), cluster="local" if launcher == "submitit-local" else "slurm"
+        )
+    except RuntimeError as err:  # e.g. no SLURM here: submitit says what it missed
+        print(f"hyla sweep: error: --launcher {launcher}: {err}; use --launcher local here", file=sys.stderr)
+        return 2
     executor.update_parameters(timeout_min=24 * 60, gpus_per_node=1 if device == "cuda" else 0)
     jobs = executor.map_array(
         _run_one,
@@ -386,6 +408,24 @@ def dry_run(name: str, specs: list[RunSpec], states: dict[str, str], root: Path,
         print(f"note: the machine was busy while measuring (load average {load:.1f}): these are overestimates")
 
 
+def selected_runs(args: argparse.Namespace) -> tuple[Sweep, list[RunSpec]]:
+    """The sweep file with ``--override`` applied and the runs that ``--only`` and ``--where`` keep; bad
+    arguments raise ``ValueError`` naming the option."""
+    sweep = load_sweep(args.file)
+    apply_overrides(sweep, args.override)
+    specs = sweep.runs(comma_list(args.only) if args.only else None, parse_where(args.where))
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
+    return sweep, specs
+
+
 def run(args: argparse.Namespace) -> int:
     from hyla.train.checkpoint import CheckpointError
     from hyla.train.cli import failure_exit_code
@@ -393,34 +433,28 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.monotonic()
     try:
-        sweep = load_sweep(args.file)
-        apply_overrides(sweep, args.override)
-        specs = sweep.runs(comma_list(args.only) if args.only else None, parse_where(args.where))
-        if args.max_minutes is not None and not args.max_minutes > 0:
-            raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        if args.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError("--device cuda asked for, but no CUDA device is available (allowed here: cpu)")
-    except ValueError as err:
+        sweep, specs = selected_runs(args)
+        root = Path(args.root) / sweep.name
+        states = {s.name: run_state(root / s.name) for s in specs}  # reads the records: they may be damaged
+        pending = [s for s in specs if states[s.name] != "done"]
+        if args.emit_commands:
+            for s in pending:
+                print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
+            return 0
+        if args.dry_run:
+            dry_run(sweep.name, specs, states, root, args.device, args.jobs)
+            return 0
+    except (ValueError, CheckpointError) as err:
         print(f"hyla sweep: error: {err}", file=sys.stderr)
         return 2
-    root = Path(args.root) / sweep.name
-    states = {s.name: run_state(root / s.name) for s in specs}
-    pending = [s for s in specs if states[s.name] != "done"]
-    if args.emit_commands:
-        for s in pending:
-            print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
-        return 0
-    if args.dry_run:
-        dry_run(sweep.name, specs, states, root, args.device, args.jobs)
-        return 0
     if not pending:
         print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
         return 0
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, no permission: the user's --root
+        print(f"hyla sweep: error: --root {args.root}: cannot make {root} ({err.strerror})", file=sys.stderr)
+        return 2
     if args.launcher != "local":
         return _submit(pending, sweep, Path(args.root) / sweep.name, args.launcher, args.device, args.override)
     deadline = None

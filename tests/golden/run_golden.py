@@ -5,14 +5,24 @@ fully spelled-out configs in ``tests/golden/configs/`` (no ``base:``, every opti
 change to the paper configs never moves them. ``--write`` (only when a numerical change is intended
 and explained in the commit) regenerates those configs from ``SPECS`` and the stored records.
 
-Exact float equality needs the same arithmetic: one thread, and the AVX2 code paths of ATen, MKL and
-oneDNN (``GOLDEN_ENV``), so the records hold on Intel and AMD machines alike.
+Exact float equality needs the same arithmetic. ``GOLDEN_ENV`` pins what can be pinned (one thread;
+the AVX2 code paths of ATen, MKL and oneDNN; the C kernel built for ``x86-64-v3``), but the compiler, the
+torch build and the CPU still decide the last digits. So every set of runs writes its
+:func:`fingerprint` beside its records (``FINGERPRINT.json``): where it equals the stored one the records
+must come back bit for bit, elsewhere within the noise floor that ``--noise`` measures (the spread of
+the same runs over other dispatch paths; ``tests/golden/NOISE.md``). A variable already set in the
+environment wins over ``GOLDEN_ENV`` (and shows in the fingerprint), so the runs can be tried on
+other dispatch paths: ``ATEN_CPU_CAPABILITY=default make test-portable``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -29,6 +39,17 @@ GOLDEN_ENV = {
     "MKL_CBWR": "AVX2,STRICT",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "PYTHONHASHSEED": "0",
+    # the C kernel's vectorized sums follow its -march target: not the build machine's (x86-64 only)
+    **({"HYLA_CPU_MARCH": "x86-64-v3"} if platform.machine() in ("x86_64", "AMD64") else {}),
+}
+FINGERPRINT = "FINGERPRINT.json"
+#: ``--noise``: the dispatch paths the golden runs are retrained on, each against GOLDEN_ENV (None: unset)
+DISPATCH_VARIANTS: dict[str, dict[str, str | None]] = {
+    "aten_default": {"ATEN_CPU_CAPABILITY": "default"},
+    "aten_native": {"ATEN_CPU_CAPABILITY": None},
+    "mkl_onednn_native": {"MKL_ENABLE_INSTRUCTIONS": None, "MKL_CBWR": None, "ONEDNN_MAX_CPU_ISA": None},
+    "kernel_native": {"HYLA_CPU_MARCH": "native"},
+    "two_threads": {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
 }
 TINY = [
     "model.num_layers=2",
@@ -92,13 +113,118 @@ def train(name: str, out: Path) -> None:
         raise SystemExit(f"golden run {name} failed with exit code {code}")
 
 
-def run_all(out: Path, names: list[str] | None = None) -> None:
-    """Train the golden runs in a fresh process with :data:`GOLDEN_ENV` (torch reads it at import)."""
-    env = {**os.environ, **GOLDEN_ENV}
-    src = str(HERE.parents[1] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+def cpu_fingerprint() -> dict[str, str]:
+    """The CPU's model name and a hash of its feature flags."""
+    cpu = {"model": platform.processor() or platform.machine(), "flags": ""}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu["model"] = value.strip()
+            elif key.strip() == "flags":
+                cpu["flags"] = hashlib.sha256(value.strip().encode()).hexdigest()[:16]
+    return cpu
+
+
+def fingerprint() -> dict[str, object]:
+    """What decides the last digits of a golden run in this process: CPU, torch build, threads,
+    dispatch settings and the C compiler."""
+    import torch
+
+    from hyla.attention.kernels.c import wrapper
+
+    try:
+        wrapper.load_library()
+        kernel = "built"
+    except Exception as err:
+        kernel = f"unavailable: {err}"
+    compiler = wrapper._compiler()
+    cc = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout if compiler else ""
+    return {
+        "cpu": cpu_fingerprint(),
+        "torch": torch.__version__,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "env": {key: os.environ.get(key) for key in sorted({*GOLDEN_ENV, "HYLA_CPU_MARCH"})},
+        "c_compiler": cc.splitlines()[0] if cc else None,
+        "c_flags": list(wrapper.build_flags()),
+        "c_kernel": kernel,
+    }
+
+
+def read_fingerprint(root: Path) -> dict[str, object] | None:
+    path = root / FINGERPRINT
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def metric_rows(text: str) -> list[dict[str, float]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def relative_deviations(ours: str, golden: str) -> list[tuple[int, str, str, float]]:
+    """``(step, split, key, |ours - golden| / |golden|)`` for every number of two ``metrics.jsonl`` texts
+    whose rows name the same steps, splits and keys (AssertionError if they do not)."""
+    mine, theirs = metric_rows(ours), metric_rows(golden)
+    shape = [[(r["step"], r["split"], sorted(r)) for r in rows] for rows in (mine, theirs)]
+    assert shape[0] == shape[1], "the runs logged different steps, splits or keys"
+    out = []
+    for a, b in zip(mine, theirs):
+        for key in sorted(set(a) - {"step", "split"}):
+            out.append((a["step"], a["split"], key, abs(a[key] - b[key]) / max(abs(b[key]), 1e-12)))
+    return out
+
+
+def noise(out: Path) -> str:
+    """Train the golden runs with GOLDEN_ENV and on each of :data:`DISPATCH_VARIANTS`; a markdown table
+    of the largest relative deviation from the GOLDEN_ENV runs, per variant and per step."""
+    run_all(out / "base")
+    base = metrics_files(out / "base")
+    worst: dict[str, dict[int, float]] = {}
+    for variant, changes in DISPATCH_VARIANTS.items():
+        run_all(out / variant, changes=changes)
+        theirs = metrics_files(out / variant)
+        per_step = worst.setdefault(variant, {})
+        for name in base:
+            for step, _, _, dev in relative_deviations(theirs[name], base[name]):
+                per_step[step] = max(per_step.get(step, 0.0), dev)
+    steps = sorted({s for d in worst.values() for s in d})
+    lines = ["| dispatch path | " + " | ".join(f"step {s}" for s in steps) + " |"]
+    lines.append("|---|" + "---|" * len(steps))
+    for variant, per_step in worst.items():
+        lines.append(f"| {variant} | " + " | ".join(f"{per_step.get(s, 0.0):.1e}" for s in steps) + " |")
+    return "\n".join(lines)
+
+
+def golden_env(changes: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of the golden runs: this one, with :data:`GOLDEN_ENV` where it sets nothing,
+    then ``changes`` (None removes a variable)."""
+    env = {**GOLDEN_ENV, **os.environ}
+    for key, value in (changes or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def subprocess_env(changes: dict[str, str | None] | None = None) -> dict[str, str]:
+    """:func:`golden_env` with this checkout's ``src`` first on the path."""
+    env = golden_env(changes)
+    env["PYTHONPATH"] = str(HERE.parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_all(out: Path, names: list[str] | None = None, changes: dict[str, str | None] | None = None) -> None:
+    """Train the golden runs in a fresh process with :func:`golden_env` (torch reads it at import);
+    ``out/FINGERPRINT.json`` says where they ran."""
     cmd = [sys.executable, str(Path(__file__)), "--in-process", str(out), *(names or [])]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, env=subprocess_env(changes), check=True, stdout=subprocess.DEVNULL)
+
+
+def fingerprint_of_golden_env() -> dict[str, object]:
+    """:func:`fingerprint` of a fresh process with :func:`golden_env`, without training."""
+    cmd = [sys.executable, str(Path(__file__)), "--fingerprint"]
+    return json.loads(subprocess.run(cmd, env=subprocess_env(), check=True, capture_output=True, text=True).stdout)
 
 
 def metrics_files(root: Path) -> dict[str, str]:
@@ -107,15 +233,17 @@ def metrics_files(root: Path) -> dict[str, str]:
 
 
 def write() -> None:
+    import yaml
+
     from hyla.train.config import dump_config, load_config
 
     CONFIGS.mkdir(exist_ok=True)
     for name, (base, overrides, _) in SPECS.items():
-        cfg = load_config(base, [*TINY, *overrides, f"name=golden_{name}"])
-        (CONFIGS / f"{name}.yaml").write_text(
-            "# golden run: every option spelled out (tests/golden/run_golden.py); do not edit by hand\n"
-            + dump_config(cfg)
-        )
+        text = "# golden run: every option spelled out (tests/golden/run_golden.py); do not edit by hand\n"
+        text += dump_config(load_config(base, [*TINY, *overrides, f"name=golden_{name}"]))
+        path = CONFIGS / f"{name}.yaml"
+        if not path.exists() or yaml.safe_load(path.read_text()) != yaml.safe_load(text):  # keep key order
+            path.write_text(text)
     if RECORDS.exists():
         shutil.rmtree(RECORDS)
     run_all(RECORDS)
@@ -130,13 +258,20 @@ def main() -> None:
     p.add_argument("out", nargs="?", type=Path)
     p.add_argument("names", nargs="*")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fingerprint", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--write", action="store_true", help="regenerate tests/golden/configs and records")
+    p.add_argument("--noise", action="store_true", help="print the spread of the runs over other dispatch paths")
     args = p.parse_args()
     if args.write:
         write()
+    elif args.noise:
+        print(noise(args.out))
+    elif args.fingerprint:
+        print(json.dumps(fingerprint()))
     elif args.in_process:
         for name in args.names or SPECS:
             train(name, args.out / name)
+        (args.out / FINGERPRINT).write_text(json.dumps(fingerprint(), indent=1) + "\n")
     else:
         run_all(args.out, args.names)
 

@@ -12,6 +12,7 @@ from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
 from hyla.analysis.runs import load_run
 from hyla.analysis.summary import probe_markdown, run_probe, run_topsim, topsim_across_runs
+from hyla.textio import error_line
 
 
 def _task(run_dir: str) -> str:
@@ -69,8 +70,8 @@ def _guarded(func: Callable[[argparse.Namespace], int], name: str) -> Callable[[
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except ValueError as err:
-            print(f"hyla analyze {name}: error: {err}", file=sys.stderr)
+        except (ValueError, OSError) as err:  # OSError: an --out that cannot be written
+            print(f"hyla analyze {name}: error: {error_line(err)}", file=sys.stderr)
             return 2
 
     return run

@@ -19,6 +19,7 @@ from pathlib import Path
 from hyla.analysis.paper import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.runs import Run, load_run
+from hyla.textio import read_jsonl
 from hyla.train.config import load_config
 from hyla.train.sweepfile import RunSpec, Sweep, load_sweep, run_state
 
@@ -70,16 +71,19 @@ def agreement(ours: tuple[float, float], paper: tuple[float, float] | None, seed
     return f"{'yes' if abs(ours[0] - paper[0]) <= bound else 'no'} ({ours[0] - paper[0]:+.1f})"
 
 
-def _made_by(root: Path) -> tuple[set[str], set[str], float]:
-    commits, devices, wall = set(), set(), 0.0
-    for path in root.glob("*/made_by.jsonl"):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                commits.add(rec["commit"])
-                devices.add(f"{rec['device']} on {rec['machine']}")
-                wall += rec["wall_s"] / rec.get("stacked_with", 1)
-    return commits, devices, wall
+def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
+    """Commits, devices and wall time (a stack's time shared among its runs) of the pieces recorded under
+    ``root``, and how many pieces never recorded their end (still training, or killed outright)."""
+    commits, devices, wall, unfinished = set(), set(), 0.0, 0
+    for path in sorted(root.glob("*/made_by.jsonl")):
+        for rec in read_jsonl(path):
+            commits.add(rec["commit"])
+            devices.add(f"{rec['device']} on {rec['machine']}")
+            if rec.get("wall_s") is None:
+                unfinished += 1
+                continue
+            wall += rec["wall_s"] / rec.get("stacked_with", 1)
+    return commits, devices, wall, unfinished
 
 
 def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
@@ -93,7 +97,8 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
         if (records / spec.name / "metrics.jsonl").is_file():
             loaded[spec.name] = load_run(records / spec.name)
     done = {name for name in loaded if run_state(records / name) == "done"}
-    commits, devices, wall = _made_by(records)
+    commits, devices, wall, unfinished = _made_by(records)
+    untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
     lines = [
         f"## {sweep.name}",
         "",
@@ -101,7 +106,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
         f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(runs)} runs finished"
         f", {len(loaded) - len(done)} in progress.",
         f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
-        f"Training wall time so far: {wall / 3600:.2f} h.",
+        f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
         "",
     ]
     grid_keys = list(sweep.grid)

@@ -208,3 +208,33 @@ def sraven_latent_figures(
     )
     paths.append(path)
     return paths
+
+
+def first_steps_beside_records(
+    out: Path,
+    runs: dict[str, Run],
+    records: dict[str, Run],
+    at_stop: dict[str, float],
+    steps: int,
+    split: str,
+    metric: str,
+) -> Path:
+    """``hyla demo``'s figure. Left: each run's training loss over its first ``steps`` and its record's.
+    Right: the records' ``split`` ``metric`` over their whole schedule; each run's value at ``steps`` a star."""
+    fig, (loss_ax, curve_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, name in enumerate(runs):
+        colour = f"C{i}"
+        first = [(s, v) for s, v in zip(*records[name].curve("train_batch", "loss")) if s <= steps]
+        loss_ax.plot(*zip(*first), color=colour, alpha=0.5, lw=3, label=f"{name} (record)")
+        loss_ax.plot(*runs[name].curve("train_batch", "loss"), color=colour, lw=1, ls="--", label=f"{name} (yours)")
+        curve_ax.plot(*records[name].curve(split, metric), color=colour, marker="o", ms=3, label=f"{name} (record)")
+        curve_ax.plot([steps], [at_stop[name]], color=colour, marker="*", ms=12, ls="none")
+    loss_ax.set(title=f"training loss, first {steps} steps", xlabel="step", yscale="log")
+    curve_ax.set(title=f"{split} {metric}: records (lines), yours (stars)", xlabel="step")
+    for ax in (loss_ax, curve_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -24,6 +24,7 @@ from typing import Any
 from hyla.analysis.paper import paper_reference, paper_row
 from hyla.analysis.plots import learning_curves, scatter_plot, sweep_plot
 from hyla.analysis.runs import Run, load_run
+from hyla.textio import error_line
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
 SWEEP_KEYS = (
@@ -201,6 +202,11 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     if tasks == ["text"]:
         return _text_report(runs, groups, varying, out)
     splits = [s for s in ("train", "test", "ood", "unseen_terms") if any(r.final(s) for r in runs)]
+    if not splits:
+        raise ValueError(
+            f"no evaluation in {', '.join(str(r.path / 'metrics.jsonl') for r in runs)} yet (the first comes at "
+            "step train.eval_every); report the runs after it"
+        )
     metric = runs[0].primary_metric
     unit = "accuracy" if metric == "acc" else "R^2"
     columns = [(s, metric, f"{s} {unit} (%)") for s in splits]
@@ -326,6 +332,11 @@ def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[st
     return table
 
 
+def report_error(err: ValueError | OSError) -> int:
+    print(f"hyla report: error: {error_line(err)}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     if args.paper:
         from hyla.analysis.paper_report import paper_report
@@ -333,9 +344,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             paper_report(Path(args.out), Path(args.sweep_root or RECORD_ROOT), args.runs or None)
-        except ValueError as err:
-            print(f"hyla report: error: {err}", file=sys.stderr)
-            return 2
+        except (ValueError, OSError) as err:
+            return report_error(err)
         print(f"report: {Path(args.out) / 'paper.md'}")
         return 0
     if not args.runs:
@@ -343,9 +353,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         table = build_report(args.runs, Path(args.out), args.latents, args.permutations)
-    except ValueError as err:
-        print(f"hyla report: error: {err}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as err:
+        return report_error(err)
     print(table)
     print(f"\nreport: {Path(args.out) / 'report.md'}")
     return 0

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hyla.tasks import task_entry
+from hyla.textio import FileFormatError, read_jsonl, read_yaml
 
 
 @dataclass
@@ -45,6 +43,7 @@ def load_run(path: str | Path) -> Run:
     cfg_path, metrics_path = path / "config.yaml", path / "metrics.jsonl"
     if not cfg_path.is_file() or not metrics_path.is_file():
         raise ValueError(f"{path} is not a run directory (needs config.yaml and metrics.jsonl)")
-    config = yaml.safe_load(cfg_path.read_text())
-    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return Run(path, config, metrics)
+    config = read_yaml(cfg_path)
+    if not isinstance(config, dict):
+        raise FileFormatError(f"{cfg_path}: not a run's resolved config (a mapping); restore it from the run")
+    return Run(path, config, read_jsonl(metrics_path))

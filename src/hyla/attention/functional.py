@@ -11,7 +11,9 @@ per-(q, k) loop in ``hyla.attention.naive``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -68,10 +70,43 @@ def normalize_scores(
     raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
 
 
+_SUPPLIED_KEEP_MASKS: ContextVar[Iterator[Tensor] | None] = ContextVar("supplied_keep_masks", default=None)
+
+
+def draw_keep_mask(
+    num_queries: int, num_keys: int, p: float, device: torch.device, generator: torch.Generator | None = None
+) -> Tensor:
+    """A keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
+    drawn from ``generator`` (default: torch's default generator of ``device``)."""
+    return torch.rand((1, 1, num_queries, num_keys), device=device, generator=generator) >= p
+
+
+@contextmanager
+def supplied_keep_masks(masks_11xQxK: Sequence[Tensor]) -> Iterator[None]:
+    """Inside, :func:`dropout_keep_mask` hands out ``masks_11xQxK`` in order instead of drawing (an error if
+    it is asked for more or fewer). A stack of runs draws each run's masks beforehand from that run's own
+    generator, so that each run drops exactly the pairs its lone run drops (``hyla.train.stacked``)."""
+    supply = iter(masks_11xQxK)
+    token = _SUPPLIED_KEEP_MASKS.set(supply)
+    try:
+        yield
+    finally:
+        _SUPPLIED_KEEP_MASKS.reset(token)
+    if next(supply, None) is not None:
+        raise RuntimeError(f"{len(masks_11xQxK)} dropout masks were supplied but the forward used fewer")
+
+
 def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.device) -> Tensor:
     """The keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
-    one for the whole batch and every head, drawn from torch's default generator of ``device``."""
-    return torch.rand((1, 1, num_queries, num_keys), device=device) >= p
+    one for the whole batch and every head: the next of :func:`supplied_keep_masks` when inside it,
+    else drawn from torch's default generator of ``device``."""
+    supply = _SUPPLIED_KEEP_MASKS.get()
+    if supply is None:
+        return draw_keep_mask(num_queries, num_keys, p, device)
+    mask = next(supply, None)
+    if mask is None:
+        raise RuntimeError("the forward asked for more dropout masks than were supplied")
+    return mask
 
 
 def drop_pairs(a_BxHxQxK: Tensor, p: float, keep_11xQxK: Tensor | None = None) -> Tensor:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hyla.bench import device_label, require_device
+from hyla.bench import device_label, positive_ints, require_device, require_writable
 
 VARIANTS = (
     "hyla_direct",
@@ -149,12 +149,16 @@ def measure(
 
 def run(args: argparse.Namespace) -> int:
     require_device(args.device)
-    seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    seq_lens = positive_ints("--seq-lens", args.seq_lens)
+    for option, path in (("--csv", args.csv), ("--json", args.json), ("--plot", args.plot)):
+        require_writable(option, path)
     variants = [VARIANT_ALIASES.get(v, v) for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(VARIANTS)}")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise SystemExit(f"--dtype {dtype!r} is not a torch dtype; e.g. float32, bfloat16, float16")
     device_name = device_label(args.device)
     rows = []
     print(

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hyla.bench import device_label, require_device
+from hyla.bench import device_label, positive_ints, require_device, require_writable
 from hyla.tasks import TASKS, make_task
 
 
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--num and --repeats must be >= 1, got {args.num} and {args.repeats}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    sizes = positive_ints("--batch-sizes", args.batch_sizes)
+    require_writable("--json", args.json)
     device_name = device_label(args.device)
     result: dict[str, Any] = {
         "device": device_name,

@@ -21,7 +21,7 @@ import time
 import torch
 
 from hyla.attention.config import BACKENDS, canonical_backend
-from hyla.bench import device_label, require_device
+from hyla.bench import device_label, require_device, require_writable
 from hyla.models import Transformer, TransformerConfig, num_parameters
 
 TASK_MODELS = {
@@ -120,7 +120,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}") from None
     if not 0 <= args.dropout < 1:
         raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.steps < 1 or args.batch_size < 1 or args.warmup < 0:
+        raise SystemExit(
+            f"--steps and --batch-size must be >= 1, --warmup >= 0; got {args.steps}, {args.batch_size}, {args.warmup}"
+        )
     require_device(args.device)
+    require_writable("--json", args.json)
     results: dict[str, dict[str, float]] = {}
     for v in variants:
         cmd = [
@@ -132,8 +137,10 @@ def run(args: argparse.Namespace) -> int:
             f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, "
             f"{args.dropout!r})))",
         ]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        results[v] = json.loads(out)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:  # its last line says why (the traceback above it is the measuring process's)
+            raise SystemExit(f"{v}: the measuring process failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        results[v] = json.loads(proc.stdout.strip().splitlines()[-1])
     device_name = device_label(args.device)
     base = results.get("softmax", {}).get("ms_per_step")
     print(

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hyla.bench import device_label, require_device
+from hyla.bench import device_label, require_device, require_writable
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
 
@@ -225,6 +225,7 @@ def _command(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     require_device(args.device)
+    require_writable("--json", args.json)
     variants = [x.strip() for x in args.variants.split(",") if x.strip()]
     if not variants:
         raise SystemExit("hyla bench train: error: --variants must name at least one attention variant")

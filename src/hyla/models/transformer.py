@@ -275,6 +275,14 @@ class Transformer(nn.Module):
             )
         return self.readout(self.hook_resid_final(self.norm(x)))
 
+    def dropout_mask_shapes(self, seq_len: int, last_positions: int | None = None) -> list[tuple[int, int]]:
+        """``(Q, K)`` of each attention dropout mask that a training forward of ``seq_len`` tokens draws,
+        in the order it draws them (one per block whose attention drops; the last block has
+        ``last_positions`` queries)."""
+        last = len(self.blocks) - 1
+        queries = [last_positions if i == last and last_positions is not None else seq_len for i in range(last + 1)]
+        return [(q, seq_len) for q, block in zip(queries, self.blocks) if block.attn.dropout > 0]
+
     @property
     def aux_loss(self) -> Tensor:
         """Sum of the MoE load-balancing terms of the last forward (0 without MoE)."""

@@ -7,6 +7,7 @@ Layout of a run directory::
     checkpoints/step-000500/rng.safetensors     data-stream generator(s) and torch RNG states
     checkpoints/step-000500/state.json          step, config, metric accumulators, world size
     checkpoints/latest                          name of the newest complete checkpoint
+    model.safetensors                           the final weights of a finished run (model only)
 
 A checkpoint directory is written under a temporary name and renamed when complete; ``latest`` is
 replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint intact.
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from hyla.textio import write_text_atomic
 
 
 class CheckpointError(RuntimeError):
@@ -46,15 +49,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(run_dir: Path, state: TrainingState, keep: int = 2) -> Path:
@@ -81,7 +75,7 @@ def save_checkpoint(run_dir: Path, state: TrainingState, keep: int = 2) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_text_atomic(root / "latest", name)
+    write_text_atomic(root / "latest", name)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
@@ -124,3 +118,22 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
         elif a != b:
             diffs.append(f"{prefix}{key}: checkpoint has {a!r}, now {b!r}")
     return diffs
+
+
+def save_weights(path: Path, model: dict[str, torch.Tensor]) -> None:
+    """Write a model's weights to ``path`` (safetensors) atomically: a crash leaves the old file or none."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    # clone: safetensors refuses tensors that share memory (tied embeddings); loading re-ties them
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in model.items()}, str(tmp))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights :func:`save_weights` wrote; an unreadable file raises :class:`CheckpointError` naming it."""
+    try:
+        return load_file(str(path))
+    except Exception as err:
+        raise CheckpointError(f"{path} is unreadable ({type(err).__name__}: {err})") from err

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hyla.textio import FileFormatError, read_yaml
 from hyla.train.checkpoint import CheckpointError
 from hyla.train.config import ExperimentConfig, load_config
 
@@ -21,12 +22,10 @@ from hyla.train.config import ExperimentConfig, load_config
 def _sweep_entries(path: str) -> list[dict[str, Any]]:
     """Override sets of a sweep file: ``runs: [{key: value, ...}, ...]`` and/or ``grid: {key: [values]}``
     (the cartesian product); both given: every run entry combined with every grid point."""
-    import yaml
-
     try:
-        spec = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"--sweep {path}: cannot read it ({err})") from err
+        spec = read_yaml(Path(path)) or {}
+    except FileFormatError as err:
+        raise ValueError(f"--sweep {err}") from err
     if not isinstance(spec, dict) or not set(spec) <= {"runs", "grid"} or not spec:
         raise ValueError(f"--sweep {path}: expected a mapping with 'runs' (a list of override mappings) and/or 'grid'")
     runs = spec.get("runs", [{}])
@@ -90,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     several = bool(args.seeds or args.sweep)
     try:
+        if args.stop_at_step is not None and args.stop_at_step < 1:
+            raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
         if several:
             cfgs, outs = stacked_configs(args)
             groups = stack_groups(cfgs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import yaml
 
 from hyla.models import TransformerConfig
 from hyla.tasks import REGISTRY, task_entry
+from hyla.textio import FileFormatError, read_yaml, yaml_error_text
 
 
 def _data_config_class() -> type:
@@ -196,8 +198,10 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     types_ = _field_types(cls)
     unknown = sorted(set(values) - set(types_))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], types_, n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         raise ValueError(
-            f"unknown config key {prefix}{unknown[0]}; valid keys at {prefix.rstrip('.') or 'top level'}: "
+            f"unknown config key {prefix}{unknown[0]}{hint}; valid keys at {prefix.rstrip('.') or 'top level'}: "
             f"{', '.join(types_)}"
         )
     kwargs = {name: _coerce(v, types_[name], prefix + name) for name, v in values.items()}
@@ -214,6 +218,18 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def parse_override_value(item: str, raw: str) -> Any:
+    """The value of override ``item`` (``key=raw``) read as YAML: ``3``, ``true``, ``[1, 2]``, ``null``."""
+    if raw == "":
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ValueError(
+            f"override {item!r}: its value is not valid YAML, {yaml_error_text(err)}; quote it to pass a string"
+        ) from err
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """``["model.attention=hyla", "train.lr=3e-4"]`` -> nested dict (values parsed as YAML scalars)."""
     tree: dict[str, Any] = {}
@@ -221,7 +237,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        if not all(part.strip() for part in key.split(".")):
+            raise ValueError(f"override {item!r} has an empty key name; write key.sub=value, e.g. train.lr=0.001")
+        value = parse_override_value(item, raw)
         if isinstance(value, str):  # YAML reads 3e-4 as a string; accept plain numbers too
             with contextlib.suppress(ValueError):
                 value = float(value) if any(c in value for c in ".eE") else int(value)
@@ -262,13 +280,14 @@ def read_config_values(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[
     path = resolve_config_path(name_or_path).resolve()
     if path in _seen:
         raise ValueError(f"config {path} includes itself through 'base'")
-    with open(path) as f:
-        values = yaml.safe_load(f) or {}
+    values = read_yaml(path) or {}
     if not isinstance(values, dict):
-        raise ValueError(f"{path}: the top level of a config must be a mapping")
+        raise FileFormatError(f"{path}: the top level of a config must be a mapping of sections like train: {{...}}")
     base = values.pop("base", None)
     if base is None:
         return values
+    if not isinstance(base, str):
+        raise FileFormatError(f"{path}: base must name a config file (e.g. base: fuzzy_logic.yaml), got {base!r}")
     base_path = path.parent / base if (path.parent / base).is_file() else base
     return _merge(read_config_values(str(base_path), (*_seen, path)), values)
 

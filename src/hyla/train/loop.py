@@ -32,11 +32,18 @@ from hyla.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    save_weights,
 )
 from hyla.train.config import ExperimentConfig, _merge
 from hyla.train.engine import Engine, autocast
 from hyla.train.optim import lr_at
-from hyla.train.rundir import append_metrics, check_new_or_resumable, truncate_metrics_after, write_config
+from hyla.train.rundir import (
+    FINAL_WEIGHTS,
+    append_metrics,
+    check_new_or_resumable,
+    truncate_metrics_after,
+    write_config,
+)
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = (
@@ -189,7 +196,8 @@ class Trainer:
                 raise CheckpointError(str(err)) from err
 
     def save(self) -> None:
-        """One checkpoint per run, in the lone format."""
+        """One checkpoint per run, in the lone format; at the last step also the run's final weights
+        (``FINAL_WEIGHTS``), which stay when its checkpoints are deleted."""
         for r, run in enumerate(self.runs):
             model, optimizer, rng = self.engine.export_run(r, self.step)
             if self.steps_since_log:
@@ -198,6 +206,8 @@ class Trainer:
             if self.dist.is_main:
                 extra = {"world_size": self.engine.world_size}
                 save_checkpoint(run.out, TrainingState(self.step, run.cfg.to_dict(), model, optimizer, rng, extra))
+                if self.step >= self.cfg.train.steps:
+                    save_weights(run.out / FINAL_WEIGHTS, model)
         if self.dist.world > 1:
             dist.barrier()
 

@@ -8,18 +8,19 @@ the stacked trainer both write through here, so their run directories are the sa
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from hyla.models import Transformer
 from hyla.tasks.base import Task
+from hyla.textio import append_jsonl, read_jsonl, rewrite_jsonl
 from hyla.train.build import build_model, build_task
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
 from hyla.train.config import ExperimentConfig, dump_config, load_config
 
 METRICS = "metrics.jsonl"
+#: a finished run's final weights (model only), kept beside its records when its checkpoints go
+FINAL_WEIGHTS = "model.safetensors"
 
 
 def check_new_or_resumable(run_dir: Path, resume: bool) -> Path | None:
@@ -36,36 +37,44 @@ def check_new_or_resumable(run_dir: Path, resume: bool) -> Path | None:
 
 
 def write_config(run_dir: Path, cfg: ExperimentConfig) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, no permission: the user's path, so one line, not a traceback
+        raise ValueError(f"cannot make the run directory {run_dir} ({err.strerror}); choose another place") from err
     (run_dir / "config.yaml").write_text(dump_config(cfg))
 
 
 def append_metrics(run_dir: Path, step: int, split: str, values: dict[str, Any]) -> None:
-    with open(run_dir / METRICS, "a") as f:
-        f.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+    append_jsonl(run_dir / METRICS, {"step": step, "split": split, **values})
 
 
 def truncate_metrics_after(run_dir: Path, step: int) -> None:
-    """Drop metric lines past ``step`` (written after the checkpoint by a run that was then interrupted)."""
+    """Drop metric lines past ``step`` (written after the checkpoint by a run that was then interrupted),
+    and a torn last line (a write cut off by ``kill -9``), so that appends continue a valid file."""
     path = run_dir / METRICS
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    rewrite_jsonl(path, [record for record in read_jsonl(path) if record["step"] <= step])
 
 
 def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
-    """(config, task, model in eval mode) of a run directory, weights from its latest checkpoint."""
+    """(config, task, model in eval mode) of a run directory: a finished run's final weights
+    (``model.safetensors``), else those of its latest checkpoint.
+
+    ``cfg, task, model = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
+    """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
     cfg = load_config(str(run_dir / "config.yaml"))
     task = build_task(cfg, run_dir)
     model = build_model(cfg, task)
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise ValueError(f"{run_dir} has no checkpoint")
-    model.load_state_dict(load_checkpoint(ckpt).model)
+    if (run_dir / FINAL_WEIGHTS).is_file():
+        weights = load_weights(run_dir / FINAL_WEIGHTS)
+    else:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
+        weights = load_checkpoint(ckpt).model
+    model.load_state_dict(weights)
     return cfg, task, model.eval()

@@ -20,7 +20,10 @@ and vmap's batched forms (``bmm`` for the per-run linear layers) are slower than
 runs are called one after another with the lone model's kernels (``train.stack_forward=loop``).
 ``train.fast`` compiles the forward as for a lone run (:mod:`hyla.train.fast`); ``train.graph_step``
 (CUDA) captures the whole stacked step as one CUDA graph (:class:`StackedStepGraph`).
-A stacked run equals its lone run up to floating-point reordering (tests: losses within 1e-4).
+Attention dropout draws each run's masks from that run's own generator, which starts where the lone
+run's default generator starts and is checkpointed as its state, so a run drops the same pairs stacked
+or alone. A stacked run equals its lone run bit for bit with the loop forward, and up to floating-point
+reordering with vmap (``tests/test_stacked.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
 from hyla.tasks import task_entry
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model, build_task, sized_config
@@ -89,8 +93,6 @@ def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
         return f"data.task={cfg.data.task} ({task_reason})"
     if cfg.model.moe_experts:
         return "model.moe_experts > 0 (the MoE auxiliary loss is per model)"
-    if cfg.model.attention_dropout:
-        return "model.attention_dropout > 0 (a stacked run would not draw its lone run's dropout masks)"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return "launched with torchrun (stacked runs use one process)"
     return None
@@ -151,6 +153,14 @@ def _concat(batches: list[Batch]) -> Batch:
     )
 
 
+def default_generator_copy(device: torch.device) -> torch.Generator:
+    """A new generator in the state of torch's default generator of ``device``."""
+    gen = torch.Generator(device)
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    gen.set_state(state)
+    return gen
+
+
 class StackedEngine:
     """Train ``len(cfgs)`` runs at once (see the module docstring)."""
 
@@ -166,7 +176,10 @@ class StackedEngine:
         self.task = build_task(cfgs[0])
         self.cfgs = cfgs = [sized_config(cfg, self.task) for cfg in cfgs]
         self.cfg = cfgs[0]
-        models = [build_model(cfg, self.task).to(self.device) for cfg in cfgs]  # seeds as the lone runs
+        models, self.dropout_gens = [], []
+        for cfg in cfgs:  # seeded as the lone runs; each run's dropout generator where its lone run's starts
+            models.append(build_model(cfg, self.task).to(self.device))
+            self.dropout_gens.append(default_generator_copy(self.device))
         self.num_runs = num_runs = len(cfgs)
         self.template = copy.deepcopy(models[0])
 
@@ -217,12 +230,14 @@ class StackedEngine:
         self._cudagraphs = uses_cudagraphs(mode, self.device)
         positions, template = self.task.num_output_positions, self.template
 
-        def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
-            return functional_call(template, (p, b), (x,), {"last_positions": positions})
+        def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None) -> Tensor:
+            with supplied_keep_masks(keep) if keep is not None else nullcontext():
+                return functional_call(template, (p, b), (x,), {"last_positions": positions})
 
         if self.forward_mode == "vmap":
-            self._forward_train = vmap(one_run, in_dims=(0, 0, 0))  # each run its own batch
-            self._forward_eval = vmap(one_run, in_dims=(0, 0, None))  # one batch for all runs
+            masks = 0 if self.cfg.model.attention_dropout > 0 else None  # each run its own masks, if any
+            self._forward_train = vmap(one_run, in_dims=(0, 0, 0, masks))  # each run its own batch
+            self._forward_eval = vmap(one_run, in_dims=(0, 0, None, None))  # one batch for all runs
             if mode is not None:
                 self._forward_train = torch.compile(self._forward_train, mode=mode)
             return
@@ -231,11 +246,12 @@ class StackedEngine:
         one_run_train = torch.compile(one_run, mode=mode) if mode is not None else one_run
 
         def loop(fn: Any, shared_input: bool) -> Any:
-            def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor) -> Tensor:
+            def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None) -> Tensor:
                 outs = []
                 for r in range(self.num_runs):
                     row_p, row_b = {n: t[r] for n, t in p.items()}, {n: t[r] for n, t in b.items()}
-                    outs.append(fn(row_p, row_b, x if shared_input else x[r]))
+                    row_keep = None if keep is None else [m[r] for m in keep]
+                    outs.append(fn(row_p, row_b, x if shared_input else x[r], row_keep))
                 return torch.stack(outs)
 
             return forward
@@ -271,7 +287,7 @@ class StackedEngine:
             x_RxBx = torch.stack([b.inputs for b in batches])
             batch = _concat(batches)
             with autocast(self.cfg, self.device):
-                out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx)
+                out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx, self._draw_keep_masks(x_RxBx))
                 out = out_RxBxPxO.flatten(0, 1).float()
                 # the task loss is a mean over problems: R x (mean over R*B) sums the runs' own losses
                 loss = self.task.loss(out, batch) * r_count
@@ -285,11 +301,21 @@ class StackedEngine:
         assert grad_RxN is not None
         self.optimizer.step(grad_RxN, self.optimizer.schedule_row(step))
 
+    def _draw_keep_masks(self, x_RxBx: Tensor) -> list[Tensor] | None:
+        """Attention dropout's keep-masks of one training forward, ``R x 1 x 1 x Q x K`` per dropping
+        layer: run r's drawn from its own generator in the order its lone run draws them (None: no dropout)."""
+        shapes = self.template.dropout_mask_shapes(x_RxBx.shape[2], self.task.num_output_positions)
+        if not shapes:
+            return None
+        p = self.cfg.model.attention_dropout
+        per_run = [[draw_keep_mask(q, k, p, self.device, gen) for q, k in shapes] for gen in self.dropout_gens]
+        return [torch.stack(layer) for layer in zip(*per_run)]
+
     def evaluation(self) -> AbstractContextManager[None]:
         return eval_mode(self.template)
 
     def eval_forward(self, x: Tensor) -> Tensor:
-        return self._forward_eval(self.params, self.buffers, x)
+        return self._forward_eval(self.params, self.buffers, x, None)
 
     # --------------------------------------------------------------------------- checkpoints
     def _lone_model(self, r: int) -> nn.Module:
@@ -303,7 +329,9 @@ class StackedEngine:
     def export_run(self, r: int, step: int) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor]]:
         model = self._lone_model(r)
         opt = self.optimizer.to_adamw(r, model, self.columns, step)
+        # the lone format: a lone run's dropout draws from the default generator of its device
         rng = {"torch_cpu": torch.get_rng_state(), "data_rank0": self.gens[r].get_state()}
+        rng["torch_cuda" if self.device.type == "cuda" else "torch_cpu"] = self.dropout_gens[r].get_state()
         return model.state_dict(), opt.state_dict(), rng
 
     def load_run(self, r: int, state: TrainingState) -> None:
@@ -321,6 +349,9 @@ class StackedEngine:
                 self.buffers[n][r] = b.to(self.device)
         self.optimizer.load_adamw(r, opt, model, self.columns)
         self.gens[r].set_state(state.rng["data_rank0"].to(torch.uint8))
+        dropout_state = state.rng.get("torch_cuda" if self.device.type == "cuda" else "torch_cpu")
+        if dropout_state is not None:  # a checkpoint from a CPU continued on CUDA draws anew from here
+            self.dropout_gens[r].set_state(dropout_state.to(torch.uint8))
 
     def close(self) -> None:
         pass
@@ -346,7 +377,7 @@ class StackedStepGraph(StepGraph):
         self.step_count.add_(1)
 
     def _generators(self) -> list[torch.Generator]:
-        return self.engine.gens
+        return [*self.engine.gens, *self.engine.dropout_gens]
 
     def _before_capture(self) -> None:
         self.engine.sums.fix_buffers()
@@ -358,7 +389,7 @@ class StackedStepGraph(StepGraph):
         snap: dict[str, Any] = {
             "tensors": [t.clone() for t in (opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN)],
             "sums": e.sums.snapshot(),
-            "gens": [gen.get_state() for gen in e.gens],
+            "gens": [gen.get_state() for gen in [*e.gens, *e.dropout_gens]],
         }
         if e.device.type == "cuda":  # the default generator, which torch.cuda.graph registers itself
             snap["cuda_rng"] = torch.cuda.get_rng_state(e.device)
@@ -371,7 +402,7 @@ class StackedStepGraph(StepGraph):
         for t, saved in zip((opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN), snap["tensors"]):
             t.copy_(saved)
         e.sums.restore(snap["sums"])
-        for gen, state in zip(e.gens, snap["gens"]):
+        for gen, state in zip([*e.gens, *e.dropout_gens], snap["gens"]):
             gen.set_state(state)
         if "cuda_rng" in snap:
             torch.cuda.set_rng_state(snap["cuda_rng"], e.device)

@@ -17,14 +17,12 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hyla.train.config import CONFIG_DIR, load_config
+from hyla.textio import read_jsonl, read_yaml
+from hyla.train.config import CONFIG_DIR, load_config, read_config_values
 
 SWEEP_DIR = CONFIG_DIR / "sweeps"
 RECORD_ROOT = CONFIG_DIR.parent / "results" / "sweeps"
@@ -123,7 +121,7 @@ def load_sweep(name_or_path: str) -> Sweep:
     if not path.is_file():
         known = sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
         raise ValueError(f"sweep {name_or_path!r} not found; give a YAML path or one of: {', '.join(known)}")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml(path) or {}
     allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides"}
     if not isinstance(spec, dict) or not set(spec) <= allowed:
         extra = sorted(set(spec) - allowed) if isinstance(spec, dict) else ["(not a mapping)"]
@@ -150,12 +148,18 @@ def load_sweep(name_or_path: str) -> Sweep:
         overrides=spec.get("overrides") or {},
         path=path,
     )
-    for run in sweep.runs():  # every run's config must be valid before anything trains
+    check_run_configs(sweep, str(path))
+    return sweep
+
+
+def check_run_configs(sweep: Sweep, source: str) -> None:
+    """Every run's config must be valid before anything trains; an error names ``source`` (the sweep file,
+    or the ``--override`` that broke it) and the run."""
+    for run in sweep.runs():
         try:
             load_config(run.config, list(run.overrides))
         except ValueError as err:
-            raise ValueError(f"{path}: run {run.name}: {err}") from err
-    return sweep
+            raise ValueError(f"{source}: run {run.name}: {err}") from err
 
 
 # ------------------------------------------------------------------------------ run states
@@ -164,9 +168,8 @@ def run_state(out: Path) -> str:
     from hyla.train.checkpoint import latest_checkpoint
 
     if (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file():
-        steps = yaml.safe_load((out / "config.yaml").read_text())["train"]["steps"]
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
+        steps = read_config_values(str(out / "config.yaml")).get("train", {}).get("steps")
+        for row in read_jsonl(out / "metrics.jsonl"):
             if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
                 return "done"
     return "stopped" if latest_checkpoint(out) is not None else "new"
@@ -174,7 +177,4 @@ def run_state(out: Path) -> str:
 
 def last_step(out: Path) -> int:
     path = out / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-    return max(steps, default=0)
+    return max((row["step"] for row in read_jsonl(path)), default=0) if path.is_file() else 0

@@ -8,8 +8,11 @@ this is what brings a HYLA training step close to softmax's (``results/bench_ste
 The C file is compiled on first use with the system C compiler (``cc``/``gcc``/``clang`` with
 OpenMP; ``HYLA_CC`` overrides) into ``~/.cache/hyla/kernels`` (``HYLA_CACHE_DIR`` overrides), keyed by
 the source, the flags, the compiler and the CPU, and loaded through ctypes; no PyTorch headers, so
-it builds in about a second. Without a working compiler it is unavailable and ``backend="auto"``
-uses :mod:`hyla.attention.kernels.manual_backward` instead.
+it builds in about a second. It is built for the CPU it runs on (``-march=native``); ``HYLA_CPU_MARCH``
+names another target (e.g. ``x86-64-v3``): with ``-fassociative-math`` the target decides the order of
+the vectorized sums, so runs compared bit for bit across CPUs pin it (``tests/golden``). Without a
+working compiler it is unavailable and ``backend="auto"`` uses
+:mod:`hyla.attention.kernels.manual_backward` instead.
 
 Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network="hyper"``
 with ``rms_head`` or ``none``, every phi, float32 and float64, any mask broadcastable to ``Bx1xQxK``,
@@ -41,11 +44,13 @@ from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names,
 from hyla.attention.kernels.errors import CpuKernelUnavailableError
 
 SOURCE = Path(__file__).with_name("hyla_cpu.c")
-FLAGS = (
-    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99",
+BASE_FLAGS = (
+    "-O3", "-fopenmp", "-shared", "-fPIC", "-std=c99",
     # lets the compiler vectorize the sums over keys; unlike -ffast-math it changes no global FPU state
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
 )  # fmt: skip
+#: the environment variable naming the ``-march`` target (default ``native``)
+MARCH_ENV = "HYLA_CPU_MARCH"
 PHI_IDS = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
 #: the C functions' suffix for each dtype of ``COVERAGE["fused_cpu"]`` (one compiled copy per C type)
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -60,6 +65,12 @@ def _compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
+
+
+def build_flags() -> tuple[str, ...]:
+    """The compiler flags: :data:`BASE_FLAGS` and the ``-march`` target (``HYLA_CPU_MARCH``, default native)."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    return ("-march=" + march, *BASE_FLAGS)
 
 
 def _cpu_signature() -> str:
@@ -90,8 +101,9 @@ def _compile(compiler: str, flags: tuple[str, ...], out_dir: Path) -> Path:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    flags = build_flags()
     key = hashlib.sha256(
-        "\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature()]).encode()
+        "\n".join([SOURCE.read_text(), " ".join(flags), version, _cpu_signature()]).encode()
     ).hexdigest()[:16]
     cache = Path(os.environ.get("HYLA_CACHE_DIR", Path.home() / ".cache" / "hyla")) / "kernels"
     target = cache / f"hyla_cpu_{key}.so"
@@ -100,9 +112,9 @@ def _build(compiler: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         try:
-            built = _compile(compiler, FLAGS, Path(tmp))
+            built = _compile(compiler, flags, Path(tmp))
         except RuntimeError:  # e.g. Apple clang has no OpenMP: one thread is still far better than none
-            built = _compile(compiler, tuple(f for f in FLAGS if f != "-fopenmp"), Path(tmp))
+            built = _compile(compiler, tuple(f for f in flags if f != "-fopenmp"), Path(tmp))
         os.replace(built, target)  # atomic: concurrent processes never load a half-written library
     return target
 
