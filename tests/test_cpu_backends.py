@@ -290,6 +290,10 @@ def test_fused_cpu_under_vmap_equals_each_run_alone(case: str) -> None:
     assert max(_rel(a, b) for a, b in zip(got, want)) < 1e-12
 
 
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+    reason="ATEN_CPU_CAPABILITY=default: inductor's generated C++ uses at::vec without its header (torch 2.13)",
+)
 def test_auto_under_vmap_and_compile_runs_the_c_kernel() -> None:
     config = attention_preset("hyla")
     q, k, v = (torch.randn(2, 1, 3, 4, 2, requires_grad=True) for _ in range(3))

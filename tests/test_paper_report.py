@@ -82,3 +82,34 @@ def test_report_paper_cli_on_empty_records(tmp_path: Path) -> None:
     assert main(["report", "--paper", "--out", str(tmp_path), "--sweep-root", str(tmp_path / "none")]) == 0
     assert "## init_fuzzy" in (tmp_path / "paper.md").read_text()
     assert main(["report", "--out", str(tmp_path)]) == 2
+
+
+def test_trained_runs_get_the_latent_code_section(tmp_path: Path, monkeypatch) -> None:
+    """Finished runs that kept their weights: the paper report probes their latent code per layer
+    (Fig. 5F) and draws their codes per rule (Fig. 5B/5E), HYLA beside softmax."""
+    import hyla.analysis.paper_report as paper_report_module
+    from tiny import tiny_overrides
+
+    monkeypatch.setattr(paper_report_module, "LATENT_PROBLEMS", 256)
+    overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=2, steps=4, every=4))
+    spec = {
+        "name": "table_a1_tiny",
+        "config": "sraven",
+        "rows": {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        "grid": {"train.lr": [0.001]},
+        "seeds": [0],
+        "overrides": {k: yaml.safe_load(v) for k, v in overrides.items()},
+    }
+    sweep_file = tmp_path / "table_a1_tiny.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(sweep_file), "--root", str(tmp_path / "sweeps")]) == 0
+    for row in ("softmax", "hyla"):
+        run = tmp_path / "sweeps" / "table_a1_tiny" / f"{row}-lr0.001-seed0"
+        assert (run / "model.safetensors").is_file()
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json")
+    section = text[text.index("### The latent code of the trained models") :]
+    assert "| configuration | run | layer 0 | layer 1 | all | chance |" in section
+    for row in ("softmax", "hyla"):
+        assert f"| {row} | {row}-lr0.001-seed0 |" in section
+    figures = [line[line.index("(") + 1 : -1] for line in section.splitlines() if line.startswith("![")]
+    assert figures and all((tmp_path / "out" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)

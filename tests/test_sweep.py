@@ -275,14 +275,89 @@ def test_wall_seconds_starts_each_group_on_the_first_free_worker() -> None:
     assert wall_seconds([2.0, 2.0], jobs=1) == 4.0
 
 
-def test_submitit_local_launcher_trains_the_pending_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_submitit_local_launcher_trains_one_job_per_stack_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("submitit")
-    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1])
+    # two grid points x two seeds, the split following the seed: each seed's two grid points stack
+    rows = {"hyla": {"model.attention": "hyla"}}
+    path = write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001, 0.003]}, seeds=[0, 1])
     root = tmp_path / "r"
     assert main(["sweep", str(path), "--root", str(root), "--launcher", "submitit-local"]) == 0
-    assert "submitted 2 runs (submitit-local)" in capsys.readouterr().out
+    assert "submitted 2 jobs for 4 runs (submitit-local; runs per job: 2, 2)" in capsys.readouterr().out
     assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
     assert records(root / "tiny") == records(tmp_path / "ref" / "tiny")
+
+
+def test_slurm_settings_come_from_the_sweep_file_and_the_command_line(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["slurm"] = {"partition": "gpu", "account": "lab", "time": 120, "cpus": 8, "mem_gb": 32}
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(str(path))
+    sweep.slurm.update(sweep_module.check_slurm(sweep_module.parse_slurm(["qos=high", "time=90"]), "--slurm"))
+    assert sweep_module.executor_parameters(sweep.slurm, "cuda") == {
+        "timeout_min": 90,
+        "gpus_per_node": 1,
+        "cpus_per_task": 8,
+        "mem_gb": 32,
+        "slurm_partition": "gpu",
+        "slurm_account": "lab",
+        "slurm_qos": "high",
+    }
+    spec["slurm"] = {"partitio": "gpu"}
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="slurm: unknown key 'partitio'; allowed keys: partition, account"):
+        load_sweep(str(path))
+    with pytest.raises(ValueError, match="--slurm: time must be a number >= 0"):
+        sweep_module.check_slurm(sweep_module.parse_slurm(["time=soon"]), "--slurm")
+
+
+def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """submitit's local executor, preempted (its timeout/preemption signal) once the run has a checkpoint:
+    the job requeues itself and the run ends with the records of an uninterrupted one."""
+    submitit = pytest.importorskip("submitit")
+    import os
+    import signal
+    import subprocess
+    import time
+
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}},
+        grid={},
+        seeds=[0],
+        extra={
+            "train.steps": "600",
+            "train.eval_every": "300",
+            "train.checkpoint_every": "20",
+            "train.log_every": "20",
+        },
+    )
+    sweep = load_sweep(str(path))
+    root = tmp_path / "r" / sweep.name
+    executor = submitit.AutoExecutor(folder=str(tmp_path / "jobs"), cluster="local")
+    executor.update_parameters(timeout_min=60)
+    job = executor.submit(sweep_module.GroupJob(str(path), str(root), "cpu", []), [s.name for s in sweep.runs()])
+    run = root / sweep.runs()[0].name
+    hang_guard = time.monotonic() + 30 * 60  # only ends a hang; the wait is for the first checkpoint
+    while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < hang_guard and not job.done():
+        time.sleep(0.1)
+    assert not job.done(), "the run ended before it could be preempted: give it more steps"
+    # what SLURM's preemption or time-limit signal does to a job: submitit's USR2 to the task (the local
+    # controller forwards it the same way near its time limit) makes it checkpoint itself and requeue
+    controller = job._process.pid
+    task = int(subprocess.run(["pgrep", "-P", str(controller)], capture_output=True, text=True).stdout.split()[0])
+    os.kill(task, signal.SIGUSR2)
+    job.result()
+    assert run_state(run) == "done"
+    assert "Requeued" in job.stdout() + (job.stderr() or "")
+    made_by = [json.loads(line) for line in (run / "made_by.jsonl").read_text().splitlines()]
+    # the preempted piece, then the requeued one from the newest checkpoint (every 20 steps) before it
+    assert len(made_by) == 2 and 0 < made_by[1]["from_step"] <= made_by[0]["to_step"] < 600
+    assert made_by[1]["from_step"] % 20 == 0 and made_by[1]["to_step"] == 600
+    assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
+    assert records(root) == records(tmp_path / "ref" / sweep.name)
 
 
 def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> None:

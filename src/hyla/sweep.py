@@ -36,7 +36,16 @@ from typing import Any
 
 from hyla.textio import append_jsonl, print_warnings_on_one_line, read_jsonl, rewrite_jsonl
 from hyla.train.config import CONFIG_DIR, load_config, parse_override_value
-from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_run_configs, last_step, load_sweep, run_state
+from hyla.train.sweepfile import (
+    RECORD_ROOT,
+    RunSpec,
+    Sweep,
+    check_run_configs,
+    check_slurm,
+    last_step,
+    load_sweep,
+    run_state,
+)
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 #: each run's pieces: one line per piece of training, written when it starts (``ended``, ``to_step`` and
@@ -321,8 +330,26 @@ def apply_overrides(sweep: Sweep, items: list[str]) -> None:
         check_run_configs(sweep, "--override " + " ".join(items))
 
 
+def executor_parameters(slurm: dict[str, Any], device: str) -> dict[str, Any]:
+    """submitit's parameters for one job from a sweep's ``slurm`` settings (default: 24 h, one GPU on CUDA)."""
+    params: dict[str, Any] = {
+        "timeout_min": int(slurm.get("time", 24 * 60)),
+        "gpus_per_node": int(slurm.get("gpus", 1 if device.startswith("cuda") else 0)),
+    }
+    if "cpus" in slurm:
+        params["cpus_per_task"] = int(slurm["cpus"])
+    if "mem_gb" in slurm:
+        params["mem_gb"] = slurm["mem_gb"]
+    for key in ("partition", "account", "qos"):
+        if key in slurm:
+            params[f"slurm_{key}"] = slurm[key]  # AutoExecutor passes slurm_* to SLURM only
+    return params
+
+
 def _submit(specs: list[RunSpec], sweep: Sweep, root: Path, launcher: str, device: str, extra: list[str]) -> int:
-    """One job per run through submitit (``slurm``: a SLURM job array; ``submitit-local``: local processes)."""
+    """One job per group of :func:`plan_groups` (a stack of a row's runs, or a lone run) through submitit
+    (``slurm``: a SLURM job array; ``submitit-local``: local processes), each asking what the sweep's
+    ``slurm`` settings say; a preempted or timed-out job is requeued and resumes from its checkpoint."""
     try:
         import submitit
     except ImportError:
@@ -335,34 +362,55 @@ def _submit(specs: list[RunSpec], sweep: Sweep, root: Path, launcher: str, devic
     except RuntimeError as err:  # e.g. no SLURM here: submitit says what it missed
         print(f"hyla sweep: error: --launcher {launcher}: {err}; use --launcher local here", file=sys.stderr)
         return 2
-    executor.update_parameters(timeout_min=24 * 60, gpus_per_node=1 if device == "cuda" else 0)
-    jobs = executor.map_array(
-        _run_one,
-        [str(sweep.path)] * len(specs),
-        [s.name for s in specs],
-        [str(root)] * len(specs),
-        [device] * len(specs),
-        [extra] * len(specs),
+    executor.update_parameters(name=f"hyla_{sweep.name}", **executor_parameters(sweep.slurm, device))
+    groups = plan_groups(specs, root)
+    job = GroupJob(str(sweep.path), str(root), device, list(extra))
+    jobs = executor.map_array(job, [[s.name for s in group] for group in groups])
+    sizes = ", ".join(str(len(g)) for g in groups)
+    print(
+        f"submitted {len(jobs)} jobs for {len(specs)} runs ({launcher}; runs per job: {sizes}): job ids "
+        f"{', '.join(j.job_id for j in jobs)}",
+        flush=True,
     )
-    print(f"submitted {len(jobs)} runs ({launcher}): job ids {', '.join(j.job_id for j in jobs)}", flush=True)
     if launcher == "submitit-local":
-        for job in jobs:
-            job.result()
+        for j in jobs:
+            j.result()
     return 0
 
 
-def _run_one(sweep_path: str, run_name: str, root: str, device: str, extra: list[str]) -> list[str]:
-    """A submitit job: train one run of a sweep (resuming it if stopped)."""
-    sweep = load_sweep(sweep_path)
-    apply_overrides(sweep, extra)
-    spec = next(s for s in sweep.runs() if s.name == run_name)
-    out_root = Path(root)
-    if run_state(out_root / spec.name) == "done":
-        return []
-    return train_runs([spec], out_root, device=device)
+class GroupJob:
+    """A submitit job: train one group of a sweep's runs (a stack or a lone run), resuming what is stopped.
+    submitit calls :meth:`checkpoint` when the job is preempted or times out: the job is requeued as it
+    is, and the runs continue from their newest checkpoint (``train.checkpoint_every``)."""
+
+    def __init__(self, sweep_path: str, root: str, device: str, extra: list[str]) -> None:
+        self.sweep_path, self.root, self.device, self.extra = sweep_path, root, device, extra
+
+    def __call__(self, run_names: list[str]) -> list[str]:
+        sweep = load_sweep(self.sweep_path)
+        apply_overrides(sweep, self.extra)
+        out_root = Path(self.root)
+        specs = [s for s in sweep.runs() if s.name in run_names and run_state(out_root / s.name) != "done"]
+        return train_runs(specs, out_root, device=self.device) if specs else []
+
+    def checkpoint(self, run_names: list[str]) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, run_names)
 
 
 # ------------------------------------------------------------------------------ command line
+def parse_slurm(items: list[str]) -> dict[str, Any]:
+    """``--slurm KEY=VALUE`` (repeatable): numbers read as numbers."""
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--slurm {item!r} must look like KEY=VALUE, e.g. partition=gpu or time=240")
+        values[key.strip()] = parse_override_value(f"--slurm {item}", raw)
+    return values
+
+
 def comma_list(text: str) -> list[str]:
     """``"a, b,,c"`` as ``["a", "b", "c"]``: the values of ``--only`` and of each ``--where``."""
     return [v.strip() for v in text.split(",") if v.strip()]
@@ -413,6 +461,7 @@ def selected_runs(args: argparse.Namespace) -> tuple[Sweep, list[RunSpec]]:
     arguments raise ``ValueError`` naming the option."""
     sweep = load_sweep(args.file)
     apply_overrides(sweep, args.override)
+    sweep.slurm.update(check_slurm(parse_slurm(args.slurm), "--slurm"))
     specs = sweep.runs(comma_list(args.only) if args.only else None, parse_where(args.where))
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
@@ -498,6 +547,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their estimated cost; train nothing")
     p.add_argument("--emit-commands", action="store_true", help="print one `hyla train` command per pending run")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local (default) | slurm | submitit-local")
+    p.add_argument(
+        "--slurm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="what each job asks of the cluster, over the sweep file's slurm: block "
+        "(partition, account, qos, time [min], cpus, mem_gb, gpus)",
+    )
     p.add_argument("--root", default=str(RECORD_ROOT), help="where sweep records go (default results/sweeps)")
     p.add_argument(
         "--override",

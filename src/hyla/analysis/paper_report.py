@@ -19,8 +19,10 @@ from pathlib import Path
 from hyla.analysis.paper import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.runs import Run, load_run
+from hyla.analysis.summary import latent_section
 from hyla.textio import read_jsonl
 from hyla.train.config import load_config
+from hyla.train.rundir import has_trained_weights
 from hyla.train.sweepfile import RunSpec, Sweep, load_sweep, run_state
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
@@ -28,6 +30,8 @@ PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
 FOLLOW_UP_SWEEPS = ("init_fuzzy",)
 #: task -> (column of TABLE_A1, metric name, what it is)
 TASK_COLUMNS = {"fuzzy_logic": (0, "r2", "OOD R^2 (%)"), "sraven": (1, "acc", "OOD accuracy (%)")}
+#: problems per split whose latent codes the report analyses for each finished run with weights
+LATENT_PROBLEMS = 2048
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -173,6 +177,14 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
         lines += [f"![{sweep.name}: OOD over training]({figure.parent.name}/{figure.name})", ""]
     lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
     lines += [*all_points, ""]
+    trained: dict[str, list[Run]] = {}
+    for label, run in chosen_runs:
+        if run.path.name in done and has_trained_weights(run.path):
+            trained.setdefault(label, []).append(run)
+    if trained:
+        section, names, _ = latent_section(trained, {k: k for k in trained}, figures, LATENT_PROBLEMS, 1000)
+        lines += ["### The latent code of the trained models", "", *section, ""]
+        lines += [f"![{name}]({figures.name}/{name})" for name in names] + [""]
     return "\n".join(lines)
 
 

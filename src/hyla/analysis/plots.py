@@ -12,6 +12,14 @@ import matplotlib.pyplot as plt
 from hyla.analysis.runs import Run
 
 
+def save_figure(fig: plt.Figure, out: Path, dpi: int = 120) -> Path:
+    """Lay out ``fig``, write it to ``out`` (PNG) and free it."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def learning_curves(
     runs: list[Run],
     metric: str,
@@ -44,11 +52,8 @@ def learning_curves(
         axes[0][-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _panel_grid(n: int, width: float = 3.6, height: float = 3.3):
@@ -103,9 +108,7 @@ def embedding_panels(
         ax.set_yticks([])
     axes[-1].legend(fontsize=7, markerscale=3, loc="best")
     fig.suptitle(f"latent codes ({method.upper()}), coloured by rule")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out, dpi=110)
     return out, len(axes)
 
 
@@ -124,9 +127,7 @@ def rule_heatmaps(
         ax.set_title(f"layer {layer}")
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out, dpi=110)
     return out, len(axes)
 
 
@@ -139,10 +140,7 @@ def sweep_plot(series: dict[str, tuple[list, list, list]], xlabel: str, ylabel: 
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def scatter_plot(
@@ -158,10 +156,7 @@ def scatter_plot(
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def sraven_latent_figures(
@@ -234,7 +229,4 @@ def first_steps_beside_records(
     for ax in (loss_ax, curve_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from hyla.analysis.paper import paper_reference, paper_row
-from hyla.analysis.plots import learning_curves, scatter_plot, sweep_plot
+from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.runs import Run, load_run
 from hyla.textio import error_line
 
@@ -99,85 +98,6 @@ def sweep_series(summary: list[dict[str, Any]], key: str, varying: list[str]) ->
         ms.append(e["ood"][0])
         ses.append(e["ood"][1])
     return series if len({x for xs, _, _ in series.values() for x in xs}) >= 2 else {}
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
-
-
-def latent_section(
-    groups: dict[str, list[Run]], labels: dict[str, str], out: Path, num: int, permutations: int
-) -> tuple[list[str], list[str], list[dict[str, Any]]]:
-    """Markdown lines, figure names and per-run results of the latent-code analysis of every run with a
-    checkpoint (figures for the first run of each configuration)."""
-    from hyla.analysis.summary import analyze_run, topsim_across_runs
-    from hyla.train.checkpoint import latest_checkpoint
-
-    results, figures = [], []
-    for key, members in groups.items():
-        drawn = False
-        for r in members:
-            if latest_checkpoint(r.path) is None:
-                continue
-            prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
-            res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
-            res["label"], res["name"] = labels[key], r.name
-            figures += res.get("figures", [])
-            drawn = True
-            results.append(res)
-    if not results:
-        return ["No run has a checkpoint: no latent-code analysis."], [], []
-    if results[0]["task"] == "sraven":
-        lines = [
-            f"Latest checkpoint of each run; codes of {num} problems of training tasks (`test`) and "
-            f"{num} of held-out tasks (`ood`). Rule probe (all layers): logistic regression fit on the "
-            "first, scored on the second; chance = most frequent OOD rule; control = fit on shuffled "
-            "labels. Topographic similarity on the `ood` task codes: Spearman rho with the `slots` / "
-            "`semantic` task distance, permutation p-value (`latents.json` has every layer).",
-            "",
-            "| configuration | run | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
-            "| shuffled control (%) | topsim rho slots (p) | topsim rho semantic (p) |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for res in results:
-            pr, ts, every = res["probe"], res["topsim"], res["probe"]["layers"]["all"]
-            lines.append(
-                f"| {res['label']} | {res['name']} | {100 * ts['ood_acc']:.2f} "
-                f"| {100 * every['ood_acc']:.1f} "
-                f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
-                f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
-                f"| {ts['semantic']['rho']:.3f} ({ts['semantic']['p_value']:.3g}) |"
-            )
-        across = topsim_across_runs([res["topsim"] for res in results])
-        lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
-        for kind, c in across.items():
-            extra = f", p = {c['p_value']:.3g}" if "p_value" in c else f" ({c.get('note', '')})"
-            lines.append(f"- {kind}: {c['spearman']:.3f} over {c['num_runs']} runs{extra}")
-        if len(results) >= 2:
-            name = "topsim_vs_ood.png"
-            scatter_plot(
-                [res["topsim"]["slots"]["rho"] for res in results],
-                [100 * res["topsim"]["ood_acc"] for res in results],
-                [f"{res['label']}/{res['name']}" for res in results],
-                "topographic similarity (rho, slots distance)",
-                "OOD accuracy (%)",
-                out / name,
-            )
-            figures.append(name)
-    else:
-        lines = [
-            f"Latest checkpoint of each run; codes of {num} sequences of training combinations "
-            "(`test`). Term probe: ridge R^2 of the +-1 term literals from the code pooled over context "
-            "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
-            "",
-            "| configuration | run | term probe R^2 | shuffled control |",
-            "|---|---|---|---|",
-        ]
-        for res in results:
-            pr = res["probe"]
-            r2, ctl = pr["r2"], pr["shuffled_label_r2"]
-            lines.append(f"| {res['label']} | {res['name']} | {r2:.3f} | {ctl:.3f} |")
-    return lines, figures, results
 
 
 def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permutations: int = 1000) -> str:
@@ -259,6 +179,8 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
     if latents:
+        from hyla.analysis.summary import latent_section
+
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
         sections.append(
             "## Latent code\n\n" + "\n".join(lines) + "\n\n" + "".join(f"![{f}]({f})\n" for f in latent_figs)

@@ -8,12 +8,14 @@ sequences of the ``test`` split (training combinations).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
-from hyla.analysis.runs import load_run
+from hyla.analysis.runs import Run, load_run
 
 
 def probe_markdown(result: dict) -> list[str]:
@@ -93,3 +95,99 @@ def analyze_run(
             out["figures"] = [p.name for p in sraven_latent_figures(lat["ood"], figures_dir, prefix)]
     out["probe"] = run_probe(run_dir, num, lat)
     return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
+
+
+def latent_section(
+    groups: dict[str, list[Run]], labels: dict[str, str], out: Path, num: int, permutations: int
+) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
+    trained weights (final, else its latest checkpoint; figures for the first run of each configuration)."""
+    from hyla.analysis.plots import scatter_plot
+    from hyla.train.rundir import has_trained_weights
+
+    results, figures = [], []
+    for key, members in groups.items():
+        drawn = False
+        for r in members:
+            if not has_trained_weights(r.path):
+                continue
+            prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
+            res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
+            res["label"], res["name"] = labels[key], r.name
+            figures += res.get("figures", [])
+            drawn = True
+            results.append(res)
+    if not results:
+        return ["No run has trained weights or a checkpoint: no latent-code analysis."], [], []
+    if results[0]["task"] == "sraven":
+        lines = [
+            f"Final weights (else the latest checkpoint) of each run; codes of {num} problems of training "
+            f"tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe (all layers): logistic "
+            "regression fit on the first, scored on the second; chance = most frequent OOD rule; "
+            "control = fit on shuffled labels. Topographic similarity on the `ood` task codes: Spearman "
+            "rho with the `slots` / `semantic` task distance, permutation p-value (`latents.json` has every "
+            "layer).",
+            "",
+            "| configuration | run | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
+            "| shuffled control (%) | topsim rho slots (p) | topsim rho semantic (p) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for res in results:
+            pr, ts, every = res["probe"], res["topsim"], res["probe"]["layers"]["all"]
+            lines.append(
+                f"| {res['label']} | {res['name']} | {100 * ts['ood_acc']:.2f} "
+                f"| {100 * every['ood_acc']:.1f} "
+                f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
+                f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
+                f"| {ts['semantic']['rho']:.3f} ({ts['semantic']['p_value']:.3g}) |"
+            )
+        num_layers = len(results[0]["probe"]["layers"]) - 1
+        lines += [
+            "",
+            "Rule probe per layer (Fig. 5F): OOD accuracy (%) of decoding each query feature's rule from that "
+            "layer's code, fit on training tasks.",
+            "",
+            "| configuration | run | " + " | ".join(f"layer {i}" for i in range(num_layers)) + " | all | chance |",
+            "|---|---|" + "---|" * (num_layers + 2),
+        ]
+        for res in results:
+            layers = res["probe"]["layers"]
+            cells = " | ".join(f"{100 * layers[str(i)]['ood_acc']:.1f}" for i in range(num_layers))
+            lines.append(
+                f"| {res['label']} | {res['name']} | {cells} | {100 * layers['all']['ood_acc']:.1f} "
+                f"| {100 * res['probe']['chance']:.1f} |"
+            )
+        across = topsim_across_runs([res["topsim"] for res in results])
+        lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
+        for kind, c in across.items():
+            extra = f", p = {c['p_value']:.3g}" if "p_value" in c else f" ({c.get('note', '')})"
+            lines.append(f"- {kind}: {c['spearman']:.3f} over {c['num_runs']} runs{extra}")
+        if len(results) >= 2:
+            name = "topsim_vs_ood.png"
+            scatter_plot(
+                [res["topsim"]["slots"]["rho"] for res in results],
+                [100 * res["topsim"]["ood_acc"] for res in results],
+                [f"{res['label']}/{res['name']}" for res in results],
+                "topographic similarity (rho, slots distance)",
+                "OOD accuracy (%)",
+                out / name,
+            )
+            figures.append(name)
+    else:
+        lines = [
+            f"Final weights (else the latest checkpoint) of each run; codes of {num} sequences of training "
+            "combinations (`test`). Term probe: ridge R^2 of the +-1 term literals from the code pooled over context "
+            "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
+            "",
+            "| configuration | run | term probe R^2 | shuffled control |",
+            "|---|---|---|---|",
+        ]
+        for res in results:
+            pr = res["probe"]
+            r2, ctl = pr["r2"], pr["shuffled_label_r2"]
+            lines.append(f"| {res['label']} | {res['name']} | {r2:.3f} | {ctl:.3f} |")
+    return lines, figures, results

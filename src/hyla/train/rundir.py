@@ -57,6 +57,12 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
     rewrite_jsonl(path, [record for record in read_jsonl(path) if record["step"] <= step])
 
 
+def has_trained_weights(run_dir: str | Path) -> bool:
+    """Whether :func:`load_trained` finds weights in ``run_dir`` (final ones or a checkpoint)."""
+    run_dir = Path(run_dir)
+    return (run_dir / FINAL_WEIGHTS).is_file() or latest_checkpoint(run_dir) is not None
+
+
 def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
     """(config, task, model in eval mode) of a run directory: a finished run's final weights
     (``model.safetensors``), else those of its latest checkpoint.

@@ -10,6 +10,8 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
     seeds: [0, 1, 2]
     first: [softmax]          # rows whose runs go first (default: file order)
     overrides: {}             # applied to every run
+    slurm: {partition: gpu, account: lab, qos: normal, time: 240, cpus: 8, mem_gb: 32, gpus: 1}
+                              # what `hyla sweep --launcher slurm` asks of the cluster (SLURM_KEYS)
 
 ``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` reads their records.
 """
@@ -25,6 +27,16 @@ from hyla.textio import read_jsonl, read_yaml
 from hyla.train.config import CONFIG_DIR, load_config, read_config_values
 
 SWEEP_DIR = CONFIG_DIR / "sweeps"
+#: the ``slurm:`` keys of a sweep file (and ``hyla sweep --slurm KEY=VALUE``): what one job asks for
+SLURM_KEYS = {
+    "partition": "SLURM partition",
+    "account": "account to charge",
+    "qos": "quality of service",
+    "time": "minutes per job (a preempted or timed-out job requeues and resumes)",
+    "cpus": "CPUs per job",
+    "mem_gb": "memory per job in GB",
+    "gpus": "GPUs per job",
+}
 RECORD_ROOT = CONFIG_DIR.parent / "results" / "sweeps"
 
 
@@ -55,6 +67,7 @@ class Sweep:
     seeds: list[int] = field(default_factory=lambda: [0])
     first: list[str] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
+    slurm: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
     def runs(self, only: list[str] | None = None, where: dict[str, list[str]] | None = None) -> list[RunSpec]:
@@ -122,7 +135,7 @@ def load_sweep(name_or_path: str) -> Sweep:
         known = sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
         raise ValueError(f"sweep {name_or_path!r} not found; give a YAML path or one of: {', '.join(known)}")
     spec = read_yaml(path) or {}
-    allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides"}
+    allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides", "slurm"}
     if not isinstance(spec, dict) or not set(spec) <= allowed:
         extra = sorted(set(spec) - allowed) if isinstance(spec, dict) else ["(not a mapping)"]
         raise ValueError(f"{path}: unknown sweep field {extra[0]}; allowed fields: {', '.join(sorted(allowed))}")
@@ -146,10 +159,26 @@ def load_sweep(name_or_path: str) -> Sweep:
         seeds=seeds,
         first=first,
         overrides=spec.get("overrides") or {},
+        slurm=check_slurm(spec.get("slurm") or {}, f"{path}: slurm"),
         path=path,
     )
     check_run_configs(sweep, str(path))
     return sweep
+
+
+def check_slurm(values: Any, source: str) -> dict[str, Any]:
+    """``values`` if it maps :data:`SLURM_KEYS` to values of their kind; else a ValueError naming ``source``."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{source} must map keys to values, e.g. {{partition: gpu, time: 240}}")
+    for key, value in values.items():
+        if key not in SLURM_KEYS:
+            raise ValueError(f"{source}: unknown key {key!r}; allowed keys: {', '.join(SLURM_KEYS)}")
+        numeric = key in ("time", "cpus", "mem_gb", "gpus")
+        if numeric and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+            raise ValueError(f"{source}: {key} must be a number >= 0 ({SLURM_KEYS[key]}), got {value!r}")
+        if not numeric and not isinstance(value, str):
+            raise ValueError(f"{source}: {key} must be a name ({SLURM_KEYS[key]}), got {value!r}")
+    return dict(values)
 
 
 def check_run_configs(sweep: Sweep, source: str) -> None:
