@@ -75,6 +75,8 @@ def train_and_evaluate(record: Path, run_dir: Path, steps: int, eval_size: int) 
     step = load_checkpoint(ckpt).step if ckpt is not None else 0
     if done.is_file() and step == steps:
         return {**json.loads(done.read_text()), "wall_s": 0.0}
+    if step > steps:
+        raise ValueError(f"{run_dir} is already at step {step}, past --steps {steps}: choose another --out")
     t0 = time.perf_counter()
     trainer = Trainer(cfg, run_dir, resume=ckpt is not None, quiet=True)
     try:
