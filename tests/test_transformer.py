@@ -142,3 +142,22 @@ def test_last_positions_equals_slicing_the_full_output(preset: str, causal: bool
         assert torch.allclose(m(x, last_positions=p), full[:, -p:], rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match=r"last_positions must be in 1\.\.7"):
         m(x, last_positions=8)
+
+
+def test_relative_position_span_follows_the_config_or_the_sequence_length() -> None:
+    """Unset, a task sizes the relative positions to its sequence length (the paper configs); an explicit
+    value (the authors' fuzzy-logic model keeps 128) is kept; a model without a task gets 64."""
+    from hyla.train.build import build_model, build_task
+    from hyla.train.config import load_config
+
+    def span(*overrides: str) -> tuple[int, int]:
+        cfg = load_config("fuzzy_logic", list(overrides))
+        c = build_model(cfg, build_task(cfg)).cfg
+        return c.relative_position_buckets, c.relative_position_max_distance
+
+    assert span() == (32, 32)  # the sequence length of the fuzzy-logic task
+    assert span("model.relative_position_buckets=128", "model.relative_position_max_distance=128") == (128, 128)
+    lone = Transformer(TransformerConfig(input_dim=3))
+    assert (lone.cfg.relative_position_buckets, lone.cfg.relative_position_max_distance) == (64, 64)
+    with pytest.raises(ValueError, match="relative_position_buckets must be >= 1 or null"):
+        Transformer(TransformerConfig(input_dim=3, relative_position_buckets=0))

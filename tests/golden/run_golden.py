@@ -251,6 +251,8 @@ def write() -> None:
         shutil.rmtree(ckpt)
     for tb in RECORDS.rglob("tb"):
         shutil.rmtree(tb)
+    for weights in RECORDS.rglob("model.safetensors"):  # the records are the metrics; weights are not compared
+        weights.unlink()
 
 
 def main() -> None:

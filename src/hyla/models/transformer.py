@@ -24,6 +24,10 @@ GELU_APPROXIMATIONS: tuple[str, ...] = ("none", "tanh")
 _TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
+#: relative-position buckets and max distance of a model that no task sizes
+DEFAULT_RELATIVE_SPAN = 64
+
+
 @dataclass
 class TransformerConfig:
     """Architecture; widths are for ``width_multiplier=1`` (multiplied by it in :meth:`resolved`).
@@ -55,8 +59,9 @@ class TransformerConfig:
     norm: str = "layer"
     causal: bool = False
     relative_position: bool = True
-    relative_position_buckets: int = 64
-    relative_position_max_distance: int = 64
+    # None: the task's sequence length when a task sizes the model (hyla.train.build), else 64
+    relative_position_buckets: int | None = None
+    relative_position_max_distance: int | None = None
     relative_position_bidirectional: bool | None = None  # None: bidirectional unless causal
     attention_dropout: float = 0.0  # on the latent code while training (see hyla.Attention)
     rope: bool = False
@@ -88,6 +93,10 @@ class TransformerConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not valid; allowed values: {', '.join(allowed)}")
         if not 0 <= self.attention_dropout < 1:
             raise ValueError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
+        for name in ("relative_position_buckets", "relative_position_max_distance"):
+            value = getattr(self, name)
+            if value is not None and not value >= 1:
+                raise ValueError(f"{name} must be >= 1 or null (the task's sequence length), got {value}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if self.width_multiplier < 1:
@@ -114,6 +123,8 @@ class TransformerConfig:
                 "mlp_dim": self.mlp_dim * w,
                 "width_multiplier": 1,
                 "single_head": False,
+                "relative_position_buckets": self.relative_position_buckets or DEFAULT_RELATIVE_SPAN,
+                "relative_position_max_distance": self.relative_position_max_distance or DEFAULT_RELATIVE_SPAN,
             }
         )
 

@@ -22,8 +22,10 @@ def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
 def sized_config(cfg: ExperimentConfig, task: Task) -> ExperimentConfig:
     """A copy of ``cfg`` whose model has the sizes ``task`` fixes (``cfg`` itself is left as it is)."""
     sizes = task.model_sizes()
-    if cfg.model.relative_position:
-        sizes |= {"relative_position_buckets": task.seq_len, "relative_position_max_distance": task.seq_len}
+    if cfg.model.relative_position:  # unset: the sequence length (as the authors' SRAVEN code sets it)
+        for key in ("relative_position_buckets", "relative_position_max_distance"):
+            if getattr(cfg.model, key) is None:
+                sizes[key] = task.seq_len
     sized = copy.deepcopy(cfg)
     for key, value in sizes.items():
         setattr(sized.model, key, value)
