@@ -17,6 +17,7 @@
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
 #   ARCHIVE   the archive written at the end (default $OUT/gpu_paper_state.tar.gz, else ./gpu_paper_state.tar.gz)
 #   RESUME_FROM     an archive of an earlier call, unpacked over the working tree first
+#   LATENTS   problems per split for the report's latent-code analysis of finished runs (0: skip)
 set -euo pipefail
 export PYTHONPATH=${PYTHONPATH:-src}
 py=${PYTHON:-python3}
@@ -57,7 +58,8 @@ for sweep in "$fuzzy" "$sraven"; do
 done
 paper_out=${PAPER_OUT:-results}
 paper=()
-if "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" >/dev/null; then
+if "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \
+    ${LATENTS:+--latents "$LATENTS"} >/dev/null; then
   paper=("$paper_out/paper.md" "$paper_out/paper")
 fi
 list=$(mktemp)

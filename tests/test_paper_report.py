@@ -84,13 +84,11 @@ def test_report_paper_cli_on_empty_records(tmp_path: Path) -> None:
     assert main(["report", "--out", str(tmp_path)]) == 2
 
 
-def test_trained_runs_get_the_latent_code_section(tmp_path: Path, monkeypatch) -> None:
+def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
     """Finished runs that kept their weights: the paper report probes their latent code per layer
     (Fig. 5F) and draws their codes per rule (Fig. 5B/5E), HYLA beside softmax."""
-    import hyla.analysis.paper_report as paper_report_module
     from tiny import tiny_overrides
 
-    monkeypatch.setattr(paper_report_module, "LATENT_PROBLEMS", 256)
     overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=2, steps=4, every=4))
     spec = {
         "name": "table_a1_tiny",
@@ -106,7 +104,7 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path, monkeypatch) -
     for row in ("softmax", "hyla"):
         run = tmp_path / "sweeps" / "table_a1_tiny" / f"{row}-lr0.001-seed0"
         assert (run / "model.safetensors").is_file()
-    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json")
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=256)
     section = text[text.index("### The latent code of the trained models") :]
     assert "| configuration | run | layer 0 | layer 1 | all | chance |" in section
     for row in ("softmax", "hyla"):

@@ -384,6 +384,7 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
         "DEVICE": "cpu",
         "ROOT": "records",  # relative: the archive holds paths relative to where the script runs
         "PAPER_OUT": "paper_out",
+        "LATENTS": "0",  # the report's latent-code analysis has its own test (test_paper_report.py)
         "FUZZY": str(files["fuzzy_logic"]),
         "SRAVEN": str(files["sraven"]),
         "PYTHON": sys.executable,

@@ -90,7 +90,7 @@ def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
     return commits, devices, wall, unfinished
 
 
-def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
+def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
     """The markdown section of one sweep (and its figure under ``figures``)."""
     runs = sweep.runs()
     task = load_config(runs[0].config, list(runs[0].overrides)).data.task
@@ -181,8 +181,8 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path) -> str:
     for label, run in chosen_runs:
         if run.path.name in done and has_trained_weights(run.path):
             trained.setdefault(label, []).append(run)
-    if trained:
-        section, names, _ = latent_section(trained, {k: k for k in trained}, figures, LATENT_PROBLEMS, 1000)
+    if trained and latents:
+        section, names, _ = latent_section(trained, {k: k for k in trained}, figures, latents, 1000)
         lines += ["### The latent code of the trained models", "", *section, ""]
         lines += [f"![{name}]({figures.name}/{name})" for name in names] + [""]
     return "\n".join(lines)
@@ -229,7 +229,13 @@ def side_by_side_section(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paper_report(out: Path, root: Path, sweeps: list[str] | None = None, side_by_side: Path | None = None) -> str:
+def paper_report(
+    out: Path,
+    root: Path,
+    sweeps: list[str] | None = None,
+    side_by_side: Path | None = None,
+    latents: int = LATENT_PROBLEMS,
+) -> str:
     """Write ``out/paper.md`` (figures in ``out/paper/``) and return its text."""
     figures = out / "paper"
     figures.mkdir(parents=True, exist_ok=True)
@@ -246,7 +252,7 @@ def paper_report(out: Path, root: Path, sweeps: list[str] | None = None, side_by
     ]
     follow_ups = [name for name in FOLLOW_UP_SWEEPS if (root / name).is_dir()]
     for name in sweeps or [*PAPER_SWEEPS, *follow_ups]:
-        parts.append(sweep_section(load_sweep(name), root, figures))
+        parts.append(sweep_section(load_sweep(name), root, figures, latents))
     parts.append(side_by_side_section(side_by_side or out / "side_by_side" / "curves.json"))
     findings = out / "paper_findings.md"  # hand-written: what we found where we disagree, kept beside the numbers
     if findings.is_file():

@@ -261,11 +261,12 @@ def report_error(err: ValueError | OSError) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.paper:
-        from hyla.analysis.paper_report import paper_report
+        from hyla.analysis.paper_report import LATENT_PROBLEMS, paper_report
         from hyla.train.sweepfile import RECORD_ROOT
 
         try:
-            paper_report(Path(args.out), Path(args.sweep_root or RECORD_ROOT), args.runs or None)
+            latents = LATENT_PROBLEMS if args.latents is None else args.latents
+            paper_report(Path(args.out), Path(args.sweep_root or RECORD_ROOT), args.runs or None, latents=latents)
         except (ValueError, OSError) as err:
             return report_error(err)
         print(f"report: {Path(args.out) / 'paper.md'}")
@@ -274,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
         print("hyla report: error: give RUN_DIR(s), or --paper [SWEEP ...]", file=sys.stderr)
         return 2
     try:
-        table = build_report(args.runs, Path(args.out), args.latents, args.permutations)
+        latents = 512 if args.latents is None else args.latents
+        table = build_report(args.runs, Path(args.out), latents, args.permutations)
     except (ValueError, OSError) as err:
         return report_error(err)
     print(table)
@@ -296,9 +298,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--latents",
         type=int,
-        default=512,
+        default=None,
         metavar="N",
-        help="latent-code section on N problems per split for runs with a checkpoint (0: skip)",
+        help="latent-code section on N problems per split for runs with weights (0: skip; default 512, "
+        "with --paper 2048 for finished runs)",
     )
     p.add_argument("--permutations", type=int, default=1000, help="topographic-similarity permutation test")
     p.set_defaults(func=run)
