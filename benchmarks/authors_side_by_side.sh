@@ -134,6 +134,7 @@ setup_overrides() {
     relative_position_bidirectional) echo model.relative_position_bidirectional=null ;;
     attention_dropout) echo model.attention_dropout=0 ;;
     init) echo model.init=torch ;;
+    relative_position_span) echo model.relative_position_buckets=null model.relative_position_max_distance=null ;;
     *) echo "unknown setup $1" >&2; exit 2 ;;
   esac
 }
@@ -173,7 +174,7 @@ case "${1:-all}" in
     for s in 0 1 2; do run_authors hyla "$s"; run_ours authors hyla "$s"; done           # (a)
     run_ours_stacked library_defaults hyla 0,1,2                                       # (b)
     for s in 0 1 2; do run_authors softmax "$s"; run_ours authors softmax "$s"; done     # (c)
-    for flip in split_style split_seed relative_position_bidirectional attention_dropout init; do  # (d)
+    for flip in split_style split_seed relative_position_bidirectional attention_dropout init relative_position_span; do  # (d)
       if [[ $flip == attention_dropout ]]; then run_ours_stacked "$flip" hyla 0,1,2; continue; fi
       for s in 0 1 2; do run_ours "$flip" hyla "$s"; done
     done
