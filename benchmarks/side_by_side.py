@@ -11,6 +11,7 @@ the number of updates made (evaluation at loop step k is logged as k + 1, so 1, 
 1100); their numbers are printed with 4 decimals, so they are read back at that precision.
 
 Usage: .venv/bin/python benchmarks/side_by_side.py [--authors-logs DIR] [--ours-runs DIR] [--out FILE]
+       [--keep results/side_by_side/curves.json]  # keep the runs made in earlier sessions
 """
 
 from __future__ import annotations
@@ -149,6 +150,21 @@ def collect(authors_logs: Path, ours_runs: Path, steps: int) -> list[dict[str, A
     return runs
 
 
+def run_key(run: dict[str, Any]) -> tuple[str, str, str, int]:
+    return run["code"], run["setup"], run["variant"], run["seed"]
+
+
+def carried_over(path: Path, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of the curves file ``path`` that ``found`` does not hold, each tagged with the ``collected``
+    record (date, commits, machine) of the file it came from, unless it has one already."""
+    earlier = json.loads(path.read_text())
+    collected = {k: earlier["meta"].get(k) for k in ("date", "machine", "hyla_commit", "authors_commit")}
+    have = {run_key(run) for run in found}
+    return [
+        {**run, "collected": run.get("collected", collected)} for run in earlier["runs"] if run_key(run) not in have
+    ]
+
+
 def table(runs: list[dict[str, Any]], split: str, eval_every: int) -> str:
     """Markdown: mean +- s.e. over seeds of r2 on `split` at each eval step, per (code, setup, variant).
 
@@ -192,9 +208,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "1100")))
     ap.add_argument("--eval-every", type=int, default=int(os.environ.get("EVAL_EVERY", "500")))
     ap.add_argument("--out", type=Path, default=REPO / "results/side_by_side/curves.json")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        metavar="CURVES.json",
+        help="carry over the runs of an earlier curves file that are not found in the run folders (made "
+        "elsewhere or removed since); each keeps the date, commits and machine it was collected with",
+    )
     args = ap.parse_args()
 
     runs = collect(args.authors_logs, args.ours_runs, args.steps)
+    if args.keep is not None:
+        runs = carried_over(args.keep, runs) + runs
     meta = {
         "commands": COMMANDS,
         "machine": machine(),

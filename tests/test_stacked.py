@@ -51,9 +51,10 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
 
 
 #: Stacked vs lone, where their arithmetic differs (vmap always; a loop off the records' machine). Over
-#: these 3 steps the lone runs under ATEN_CPU_CAPABILITY=default and =avx2 differ by at most 1.4e-6 and
-#: vmap from lone by 4e-7 (2-core AMD EPYC, AVX2); from the 4th step on, AdamW amplifies the same noise to
-#: 4e-4 and beyond, so a longer comparison would test the CPU, not the code.
+#: these 3 steps the tiny SRAVEN lone run under ATEN_CPU_CAPABILITY=default moves from its AVX2 self by at
+#: most 4.2e-7 and a vmap stack's seed 0 by 2.5e-7; from the 4th step on AdamW amplifies the same noise (up
+#: to 1.9e-4 by step 5, 2.2e-2 by step 8), so a longer comparison would test the CPU, not the code.
+#: Measured with `tests/golden/stack_noise.py OUT --steps 8` (2-core AMD EPYC, AVX2, torch 2.13.0).
 STACK_RTOL = 1e-4
 FEW_STEPS = tiny_overrides(layers=2, steps=3, every=3, log_every=1, warmup_steps=2)
 

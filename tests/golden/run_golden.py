@@ -195,6 +195,26 @@ def noise(out: Path) -> str:
     return "\n".join(lines)
 
 
+def compare(theirs_root: Path, ours_root: Path = RECORDS) -> str:
+    """A markdown table of the largest relative deviation per step of every golden run under ``theirs_root``
+    from the same run under ``ours_root`` (default: the records), e.g. records of another commit or machine:
+    ``git archive COMMIT tests/golden/records | tar -x -C /tmp/old`` then
+    ``run_golden.py --compare /tmp/old/tests/golden/records``."""
+    ours, theirs = metrics_files(ours_root), metrics_files(theirs_root)
+    worst: dict[str, dict[int, float]] = {}
+    for name in sorted(set(ours) & set(theirs)):
+        per_step = worst.setdefault(name, {})
+        for step, _, _, dev in relative_deviations(theirs[name], ours[name]):
+            per_step[step] = max(per_step.get(step, 0.0), dev)
+    steps = sorted({s for d in worst.values() for s in d})
+    lines = ["| run | " + " | ".join(f"step {s}" for s in steps) + " | largest |", "|---|" + "---|" * (len(steps) + 1)]
+    for name, per_step in worst.items():
+        cells = [f"{per_step.get(s, 0.0):.1e}" for s in steps]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {max(per_step.values(), default=0.0):.1e} |")
+    missing = sorted(set(ours) ^ set(theirs))
+    return "\n".join(lines) + (f"\n\nin one set only: {', '.join(missing)}" if missing else "")
+
+
 def golden_env(changes: dict[str, str | None] | None = None) -> dict[str, str]:
     """The environment of the golden runs: this one, with :data:`GOLDEN_ENV` where it sets nothing,
     then ``changes`` (None removes a variable)."""
@@ -263,9 +283,12 @@ def main() -> None:
     p.add_argument("--fingerprint", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--write", action="store_true", help="regenerate tests/golden/configs and records")
     p.add_argument("--noise", action="store_true", help="print the spread of the runs over other dispatch paths")
+    p.add_argument("--compare", action="store_true", help="OUT's runs against the records: largest deviation per step")
     args = p.parse_args()
     if args.write:
         write()
+    elif args.compare:
+        print(compare(args.out))
     elif args.noise:
         print(noise(args.out))
     elif args.fingerprint:
