@@ -216,5 +216,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sweep", default="table_a1_fuzzy", help="the sweep whose seed-0 records to start from")
     p.add_argument("--records", default=str(RECORD_ROOT), help="where its records are (default results/sweeps)")
-    p.add_argument("--quiet", action="store_true", help="(kept for scripts; the runs train quietly)")
     p.set_defaults(func=run)

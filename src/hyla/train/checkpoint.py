@@ -59,9 +59,7 @@ def save_checkpoint(run_dir: Path, state: TrainingState, keep: int = 2) -> Path:
     final = root / name
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
     try:
-        # clone: safetensors refuses tensors that share memory (tied embeddings); loading re-ties them
-        model = {k: v.detach().cpu().clone().contiguous() for k, v in state.model.items()}
-        save_file(model, str(tmp / "model.safetensors"))
+        save_weights(tmp / "model.safetensors", state.model)
         torch.save(state.optimizer, tmp / "optimizer.pt")
         save_file({k: v.contiguous().cpu() for k, v in state.rng.items()}, str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps({"step": state.step, "config": state.config, "extra": state.extra}))
