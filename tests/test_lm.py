@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyla.analysis.report import mean_se
+from hyla.analysis.stats import mean_se
 from hyla.attention import KVCache
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from hyla.analysis.paper import paper_reference
-from hyla.analysis.report import build_report, group_runs, mean_se, sweep_series
+from hyla.analysis.report import build_report, group_runs, sweep_series
 from hyla.analysis.runs import load_run
+from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.cli import main
 from hyla.train.config import load_config
 from tiny import tiny_overrides
@@ -33,9 +34,12 @@ def fake_run(root: Path, name: str, seed: int, ood: float, **overrides: object) 
 
 
 def test_mean_and_standard_error() -> None:
-    assert mean_se([1.0]) == (1.0, 0.0)
+    mean, se = mean_se([1.0])  # one seed: no estimate of the spread, never a spread of 0
+    assert mean == 1.0 and math.isnan(se) and format_mean_se(mean, se) == "1.00"
     m, se = mean_se([1.0, 2.0, 3.0])
-    assert m == 2.0 and math.isclose(se, 1.0 / math.sqrt(3))
+    assert m == 2.0 and math.isclose(se, 1.0 / math.sqrt(3)) and format_mean_se(m, se) == "2.00 +- 0.58"
+    with pytest.raises(ValueError, match="at least one"):
+        mean_se([])
 
 
 def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None:
@@ -171,6 +175,6 @@ def test_language_model_runs_get_a_perplexity_table(tmp_path: Path) -> None:
     table = build_report(runs, tmp_path / "out", latents=512)  # no latent section for text: no error
     tokens = f"{30 * 16 * 128 / 1e6:.2f}M"  # 30 steps x batch 16 x 128 tokens
     assert f"| hyla | 2 | {tokens} | 40.00 +- 0.00 | 30.50 +- 0.50 | 20.00 +- 0.00 |" in table
-    assert f"| softmax | 1 | {tokens} | 18.00 +- 0.00 | 18.00 +- 0.00 | 9.00 +- 0.00 |" in table
+    assert f"| softmax | 1 | {tokens} | 18.00 | 18.00 | 9.00 |" in table  # one seed: no s.e.
     assert (tmp_path / "out" / "learning_curves.png").is_file()
     assert "exp(mean loss per token)" in (tmp_path / "out" / "report.md").read_text()

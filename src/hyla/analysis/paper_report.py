@@ -19,6 +19,7 @@ from pathlib import Path
 from hyla.analysis.paper import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.runs import Run, load_run
+from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.analysis.summary import latent_section
 from hyla.textio import read_jsonl
 from hyla.train.config import load_config
@@ -32,14 +33,6 @@ FOLLOW_UP_SWEEPS = ("init_fuzzy",)
 TASK_COLUMNS = {"fuzzy_logic": (0, "r2", "OOD R^2 (%)"), "sraven": (1, "acc", "OOD accuracy (%)")}
 #: problems per split whose latent codes the report analyses for each finished run with weights
 LATENT_PROBLEMS = 2048
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def paper_value(row: str, task: str) -> tuple[float, float] | None:
@@ -61,8 +54,7 @@ def _final(run: Run, split: str, metric: str) -> float | None:
 def _fmt(mean_se_pair: tuple[float, float] | None) -> str:
     if mean_se_pair is None:
         return "-"
-    mean, se = mean_se_pair
-    return f"{mean:.2f}" if math.isnan(se) else f"{mean:.2f} +- {se:.2f}"
+    return format_mean_se(*mean_se_pair)
 
 
 def agreement(ours: tuple[float, float], paper: tuple[float, float] | None, seeds: int) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from hyla.analysis.paper import paper_reference, paper_row
 from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.runs import Run, load_run
+from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.textio import error_line
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
@@ -51,15 +52,6 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
         key = json.dumps({k: v for k, v in sorted(flatten(run.config).items()) if k not in SEED_KEYS})
         groups.setdefault(key, []).append(run)
     return groups
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
 
 
 def _label(config: dict[str, Any], varying: list[str]) -> str:
@@ -141,7 +133,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
             values = [100 * r.final(s)[name] for r in members if r.final(s) and name in r.final(s)]
             if values:
                 m, se = mean_se(values)
-                cells.append(f"{m:.2f} +- {se:.2f}")
+                cells.append(format_mean_se(m, se))
                 if name == metric:
                     entry[s] = (m, se)
             else:
@@ -208,8 +200,7 @@ def every_evaluation(runs: list[Run], splits: list[str], metric: str) -> str:
 def _mean_se_cell(values: list[float]) -> str:
     if not values:
         return "-"
-    m, se = mean_se(values)
-    return f"{m:.2f} +- {se:.2f}"
+    return format_mean_se(*mean_se(values))
 
 
 def _perplexity_from_loss(run: Run) -> Run:
