@@ -129,3 +129,23 @@ def test_a_piece_completes_its_own_start_line_after_a_killed_one(tmp_path: Path)
     append_jsonl(path, started)
     finish_piece_record(path, started, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0})
     assert read_jsonl(path) == [DONE, KILLED, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0}]
+
+
+def test_every_committed_record_is_what_its_sweep_plans_today() -> None:
+    """A sweep's runs must share one setup: a config change that a record predates (e.g. the authors'
+    128 relative-position buckets for fuzzy logic) is pinned in the sweep file until every run is redone,
+    so the records and the runs still to train compare."""
+    from hyla.train.build import build_task, sized_config
+
+    root = Path(__file__).resolve().parents[1] / "results" / "sweeps"
+    checked = 0
+    for sweep_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for spec in load_sweep(sweep_dir.name).runs():
+            recorded = sweep_dir / spec.name / "config.yaml"
+            if not recorded.is_file():
+                continue
+            planned = load_config(spec.config, list(spec.overrides))
+            planned = sized_config(planned, build_task(planned)).to_dict()
+            assert planned == yaml.safe_load(recorded.read_text()), f"{recorded} is not what {sweep_dir.name} plans"
+            checked += 1
+    assert checked >= 12  # the Table A1 fuzzy and SRAVEN records, the init follow-up
