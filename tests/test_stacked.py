@@ -14,9 +14,9 @@ import yaml
 
 from floats import assert_same_numbers, on_the_records_machine
 from hyla.cli import main
+from hyla.train import engine as engine_module
 from hyla.train import lone as lone_module
 from hyla.train import optim as optim_module
-from hyla.train import stacked as stacked_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.cli import stacked_configs
 from hyla.train.config import TrainConfig, load_config
@@ -397,8 +397,7 @@ def stand_in_for_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
         ("set_rng_state", lambda state, device=None: torch.set_rng_state(state)),
     ):
         monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(lone_module, "graph_step_unsupported_reason", lambda *args: None)
-    monkeypatch.setattr(stacked_module, "graph_step_unsupported_reason", lambda *args: None)
+    monkeypatch.setattr(engine_module, "graph_step_unsupported_reason", lambda *args: None)
     build = lone_module.build_optimizer  # capturable AdamW needs CUDA; the plain one takes a tensor lr
     monkeypatch.setattr(
         lone_module, "build_optimizer", lambda model, cfg, device, capturable=False: build(model, cfg, device)

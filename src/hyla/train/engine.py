@@ -1,9 +1,19 @@
 """What the training shell (:mod:`hyla.train.loop`) drives: an engine that trains R runs at once.
 
-Two engines implement :class:`Engine`: :mod:`hyla.train.lone` (one run: DDP, ``torch.compile``, the
-MoE auxiliary loss, the whole step as one CUDA graph) and :mod:`hyla.train.stacked` (R runs whose
-parameters are rows of one ``R x N`` tensor). The shell owns everything else, written once: the
-loop, evaluation, metric flushing, logging, the non-finite check, checkpoints and signals.
+:class:`Engine` is written once for both engines: the setup (device and processes, validation, the task
+and the runs' model sizes, the compile and ``train.graph_step`` checks, the data generators and their
+seeds), the micro-batch loop of a step (gradient accumulation and the step sums), the step as one CUDA
+graph (:class:`EngineGraph`) and a run's checkpoint in the lone format. Its two subclasses give only what
+differs: :mod:`hyla.train.lone` (one run: DDP, ``torch.compile``, the MoE auxiliary loss, ``torch.optim.AdamW``)
+and :mod:`hyla.train.stacked` (R runs whose parameters are rows of one ``R x N`` tensor, one forward for
+all, the stacked AdamW). The shell owns everything else, also written once: the loop, evaluation, metric
+flushing, logging, the non-finite check, checkpoints and signals.
+
+Step numbering, one convention everywhere: ``step`` is the number of optimizer updates already made (0
+before the first; a checkpoint at step N holds the state after N updates). ``train_step(step)`` makes
+update ``step + 1`` with the schedule's learning rate ``lr_at(step)``; its metrics are logged at step
+``step + 1``, and a non-finite loss in it is flagged as step ``step + 1``. A captured step's
+``step_count`` is this ``step`` as a device tensor.
 
 An engine's step adds each run's step metrics to :class:`StepSums` on the device, so a step issues
 no host synchronization; the shell reads them back only when it logs.
@@ -12,18 +22,22 @@ no host synchronization; the shell reads them back only when it logs.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
-from hyla.tasks.base import Task
-from hyla.train.checkpoint import TrainingState
+from hyla.tasks.base import Batch, Task
+from hyla.train.build import build_task, sized_config
+from hyla.train.checkpoint import CheckpointError, TrainingState
 from hyla.train.config import ExperimentConfig
+from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
 
 
 @dataclass
@@ -82,7 +96,7 @@ def set_tf32(cfg: ExperimentConfig, device: torch.device) -> None:
 
 class StepSums:
     """Per run, the sums of each (micro-)step's mean ``keys`` (loss and primary metric) since the last
-    log, and the first step whose loss was not finite (-1: none yet), as device tensors.
+    log, and the first update whose loss was not finite (-1: none yet), as device tensors.
 
     A step captured as a CUDA graph adds into fixed buffers (:meth:`fix_buffers`); they are then
     zeroed, not dropped, when taken.
@@ -95,9 +109,10 @@ class StepSums:
         self.fixed = False
 
     @torch.no_grad()
-    def add(self, means_R: dict[str, Tensor], loss_R: Tensor, next_step: int | Tensor) -> None:
-        """Add ``means_R`` (float64, one per run); flag runs whose ``loss_R`` is not finite with ``next_step``."""
-        flag_R = torch.where(~torch.isfinite(loss_R) & (self.nonfinite_R < 0), next_step, self.nonfinite_R)
+    def add(self, means_R: dict[str, Tensor], loss_R: Tensor, update: int | Tensor) -> None:
+        """Add ``means_R`` (float64, one per run); flag runs whose ``loss_R`` is not finite with ``update``
+        (the update being made: ``step + 1``)."""
+        flag_R = torch.where(~torch.isfinite(loss_R) & (self.nonfinite_R < 0), update, self.nonfinite_R)
         if self.fixed:
             self.nonfinite_R.copy_(flag_R)
             for k, v_R in means_R.items():
@@ -153,36 +168,230 @@ class StepSums:
         self.nonfinite_R.copy_(snap["_nonfinite"])
 
 
-class Engine(Protocol):
-    """What the shell needs of an engine training ``num_runs`` runs."""
+class Engine(ABC):
+    """Trains the runs of ``cfgs`` on ``device`` (see the module docstring); ``run_dir`` is where a text
+    task finds its saved tokenizer. A subclass builds its models in :meth:`_build` and gives one
+    micro-batch's forward, loss and backward, the optimizer update, the evaluation forward and a run's
+    lone model and optimizer; everything else is here."""
 
-    cfgs: list[ExperimentConfig]  # the runs' configs, models sized by the task
-    task: Task
-    device: torch.device
-    dist: Dist
-    sums: StepSums
-    num_runs: int
-    world_size: int  # processes a checkpoint of this engine was written by
+    def __init__(self, cfgs: list[ExperimentConfig], device: str, run_dir: Path | None = None) -> None:
+        check_device(device)
+        self.dist = init_distributed(device)
+        self.world_size = self.dist.world  # processes a checkpoint of this engine is written by
+        self.device = torch.device(
+            f"cuda:{self.dist.local_rank}" if device == "cuda" and self.dist.world > 1 else device
+        )
+        if cfgs[0].train.batch_size % self.dist.world:
+            raise ValueError(
+                f"train.batch_size={cfgs[0].train.batch_size} must be divisible by the number of processes "
+                f"({self.dist.world}): the global batch is split over them"
+            )
+        for cfg in cfgs:
+            cfg.validate()
+        self.task: Task = build_task(cfgs[0], run_dir)
+        self.cfgs = [sized_config(cfg, self.task) for cfg in cfgs]  # the runs' configs, models sized by the task
+        self.cfg = self.cfgs[0]
+        self.num_runs = len(cfgs)
+        t = self.cfg.train
+        if t.graph_step:
+            reason = graph_step_unsupported_reason(self.device, self.dist.world)
+            if reason is not None:
+                raise ValueError(f"train.graph_step=true {reason}; allowed values here: false")
+        mode = compile_mode(t, self.device, distributed=self.dist.world > 1)  # train.compile / train.fast
+        if t.graph_step and uses_cudagraphs(mode, self.device):
+            mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"  # the whole step is one
+        self.compile_mode = mode
+        self._cudagraphs = uses_cudagraphs(mode, self.device)
+        #: the runs' own attention-dropout generators (a stack's); a lone run draws from the device's default one
+        self.dropout_gens: list[torch.Generator] = []
+        self._build()
+        set_tf32(self.cfg, self.device)
+        self.data_gens = [
+            torch.Generator(self.device).manual_seed(cfg.data_seed * 1009 + self.dist.rank) for cfg in self.cfgs
+        ]
+        self.sums = StepSums(self.num_runs, ("loss", self.task.primary_metric), self.device)
+        self.graph = self._step_graph() if t.graph_step else None
 
-    def train_step(self, step: int) -> None:
-        """0-based step ``step`` of every run: sampling, forward, backward, optimizer, :attr:`sums`."""
+    # ----------------------------------------------------------------- what an engine gives
+    @abstractmethod
+    def _build(self) -> None:
+        """The models, the optimizer and the forward (the task and the sized configs are set)."""
 
+    @abstractmethod
+    def _forward_loss(self, batches: list[Batch]) -> tuple[Tensor, Batch, Tensor]:
+        """One micro-batch's forward (under autocast) on each run's ``batches[r]``: (outputs
+        ``(R*B) x P x O`` in float32, run-major; the R batches as one; the scalar loss to differentiate)."""
+
+    @abstractmethod
+    def _backward(self, loss: Tensor, grads: Tensor | None) -> Tensor | None:
+        """Backward of one micro-batch's ``loss``, accumulated onto the previous ones' ``grads``."""
+
+    @abstractmethod
+    def _flagged_losses(self, loss: Tensor, means_R: dict[str, Tensor]) -> Tensor:
+        """Per run, the loss whose non-finite value stops the run (``loss`` or the metrics' ``means_R``)."""
+
+    @abstractmethod
+    def _update(self, step: int | Tensor, grads: Tensor | None) -> None:
+        """The optimizer's update ``step + 1`` from the accumulated ``grads``."""
+
+    @abstractmethod
+    def _step_graph(self) -> EngineGraph:
+        """``train.graph_step``'s captured step."""
+
+    @abstractmethod
+    def _lone_run(self, r: int, step: int) -> tuple[nn.Module, torch.optim.AdamW]:
+        """Run ``r`` after ``step`` updates as a lone run's model and ``torch.optim.AdamW``."""
+
+    def _store_run(self, r: int, model: nn.Module, optimizer: torch.optim.AdamW) -> None:
+        """Put the :meth:`_lone_run` of run ``r``, loaded from a checkpoint, back into the engine (a lone
+        run's are the engine's own)."""
+        return None
+
+    def _sync(self, last: bool) -> AbstractContextManager[Any]:
+        """Around a micro-batch's forward and backward (DDP: all-reduce only after the ``last``)."""
+        return nullcontext()
+
+    @abstractmethod
     def evaluation(self) -> AbstractContextManager[None]:
         """Eval mode for the block, then train mode again."""
 
+    @abstractmethod
     def eval_forward(self, x: Tensor) -> Tensor:
         """Every run's outputs ``out_RxBxPxO`` on one batch of inputs ``x_Bx...`` (no grad, in eval mode)."""
 
-    def export_run(self, r: int, step: int) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor]]:
-        """Run ``r`` at ``step`` in the lone checkpoint format: (model state, ``torch.optim.AdamW`` state, rng)."""
-
-    def load_run(self, r: int, state: TrainingState) -> None:
-        """Put a lone-format checkpoint into run ``r`` (raises ``CheckpointError`` if it does not fit)."""
-
+    @abstractmethod
     def describe(self, names: list[str], steps: int) -> str:
         """The line printed when training starts."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the engine holds beyond its tensors (nothing yet)."""
+        return None
+
+    # ----------------------------------------------------------------- the step
+    def train_step(self, step: int) -> None:
+        """Update ``step + 1`` of every run (sampling, forward, backward, optimizer, :attr:`sums`); no host
+        synchronization."""
+        if self.graph is not None:
+            self.graph.replay(step)
+        else:
+            self.step_body(step)
+
+    def step_body(self, step: int | Tensor) -> None:
+        """Update ``step + 1``, ``step`` a device tensor inside a captured step: per micro-batch, sampling
+        from each run's generator, forward, backward and the step sums; then the optimizer."""
+        t = self.cfg.train
+        accum = t.grad_accum_steps
+        size = t.batch_size // self.dist.world // accum
+        update = step + 1
+        grads: Tensor | None = None
+        for micro in range(accum):
+            if self._cudagraphs:  # the previous forward's CUDA-graph outputs are no longer needed
+                torch.compiler.cudagraph_mark_step_begin()
+            batches = [self.task.sample(size, "train", gen) for gen in self.data_gens]
+            with self._sync(last=micro == accum - 1):
+                with autocast(self.cfg, self.device):
+                    out, batch, loss = self._forward_loss(batches)
+                grads = self._backward(loss / accum, grads)
+            with torch.no_grad():
+                m = self.task.metrics(out.detach(), batch)
+                means_R = {k: m[k].double().view(self.num_runs, -1).mean(1) / accum for k in self.sums.keys}
+                self.sums.add(means_R, self._flagged_losses(loss, means_R), update)
+        self._update(step, grads)
+
+    # ----------------------------------------------------------------- a run's checkpoint, in the lone format
+    def export_run(self, r: int, step: int) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor]]:
+        """Run ``r`` after ``step`` updates: (model state, ``torch.optim.AdamW`` state, rng)."""
+        model, optimizer = self._lone_run(r, step)
+        # a lone run's dropout draws from the default generator of its device; a stacked run's own takes its place
+        rng = {"torch_cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["torch_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.dropout_gens:
+            rng[self._dropout_key] = self.dropout_gens[r].get_state()
+        rng.update(generator_states(self.data_gens[r], self.dist))
+        return model.state_dict(), optimizer.state_dict(), rng
+
+    def load_run(self, r: int, state: TrainingState) -> None:
+        """Put a lone-format checkpoint into run ``r`` (raises ``CheckpointError`` if it does not fit)."""
+        model, optimizer = self._lone_run(r, state.step)
+        try:
+            model.load_state_dict(state.model)
+            optimizer.load_state_dict(state.optimizer)
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint does not fit this model/optimizer: {err}") from err
+        self._store_run(r, model, optimizer)
+        rng = state.rng
+        self.data_gens[r].set_state(rng[f"data_rank{self.dist.rank}"].to(torch.uint8))
+        if self.dropout_gens:
+            if self._dropout_key in rng:  # a checkpoint from a CPU continued on CUDA draws anew from here
+                self.dropout_gens[r].set_state(rng[self._dropout_key].to(torch.uint8))
+            return
+        torch.set_rng_state(rng["torch_cpu"].to(torch.uint8))
+        if self.device.type == "cuda" and "torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng["torch_cuda"].to(torch.uint8), self.device)
+
+    @property
+    def _dropout_key(self) -> str:
+        return "torch_cuda" if self.device.type == "cuda" else "torch_cpu"
+
+
+class EngineGraph(StepGraph):
+    """``train.graph_step``: an engine's whole step (sampling, forward, backward, the optimizer, the step
+    sums and the non-finite flags) captured once as one CUDA graph and replayed every step. Subclasses
+    write what a step reads from the host into fixed buffers (:meth:`_load_step`) and snapshot the state
+    their optimizer updates; the generators, the step sums and the default RNGs are handled here."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine.device)
+        self.engine = engine
+
+    def replay(self, step: int) -> None:
+        """Make update ``step + 1`` of every run; captures the graph on first use."""
+        self._load_step(step)
+        self._replay(step)
+
+    def _load_step(self, step: int) -> None:
+        """Write what update ``step + 1`` reads of the schedule into the buffers the captured step reads."""
+
+    def _snapshot_state(self) -> Any:
+        raise NotImplementedError
+
+    def _restore_state(self, snap: Any) -> None:
+        raise NotImplementedError
+
+    def _body(self) -> None:
+        self.engine.step_body(self.step_count)
+        self.step_count.add_(1)
+
+    def _generators(self) -> list[torch.Generator]:
+        return [*self.engine.data_gens, *self.engine.dropout_gens]
+
+    def _before_capture(self) -> None:
+        self.engine.sums.fix_buffers()
+
+    @torch.no_grad()
+    def _snapshot(self) -> dict[str, Any]:
+        e = self.engine
+        snap = {
+            "state": self._snapshot_state(),
+            "sums": e.sums.snapshot(),
+            "gens": [gen.get_state() for gen in self._generators()],
+            "cpu_rng": torch.get_rng_state(),
+        }
+        if e.device.type == "cuda":  # the default generator, which torch.cuda.graph registers itself
+            snap["cuda_rng"] = torch.cuda.get_rng_state(e.device)
+        return snap
+
+    @torch.no_grad()
+    def _restore(self, snap: dict[str, Any]) -> None:
+        e = self.engine
+        self._restore_state(snap["state"])
+        e.sums.restore(snap["sums"])
+        for gen, state in zip(self._generators(), snap["gens"]):
+            gen.set_state(state)
+        torch.set_rng_state(snap["cpu_rng"])
+        if "cuda_rng" in snap:
+            torch.cuda.set_rng_state(snap["cuda_rng"], e.device)
 
 
 def generator_states(gen: torch.Generator, d: Dist) -> dict[str, Tensor]:

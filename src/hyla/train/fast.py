@@ -66,7 +66,8 @@ class StepGraph:
     kernels' self-tests, compilation), then the state the warm-up changed is put back (``_snapshot`` /
     ``_restore``), then one step is captured with the data generators registered, so that each replay
     draws fresh problems. The replayed steps are then the plain path's steps. ``step_count`` is the
-    0-based step a replay runs, a device tensor the captured step advances.
+    ``step`` of :mod:`hyla.train.engine`'s convention (the updates made before the one a replay makes), a
+    device tensor the captured step advances.
     """
 
     WARMUP_STEPS = 2

@@ -2,8 +2,8 @@
 
 :class:`Trainer` owns, once for both run shapes: the loop, evaluation, metric flushing, logging, the
 non-finite check, checkpoints (save, resume) and signals. The engine (:mod:`hyla.train.lone` or
-:mod:`hyla.train.stacked`, interface :class:`~hyla.train.engine.Engine`) owns the models, the step
-and the optimizer.
+:mod:`hyla.train.stacked`, both a :class:`~hyla.train.engine.Engine`) owns the models, the step
+and the optimizer. ``self.step`` follows the engine's convention: the number of updates made.
 
 Determinism contract: with the same config, a run interrupted by ``--stop-at-step`` (or a signal)
 and resumed writes the same ``metrics.jsonl`` as an uninterrupted run, bit for bit on CPU. Everything
@@ -345,7 +345,7 @@ class Trainer:
         t, metric = self.cfg.train, self.task.primary_metric
         flushed = self._flush_train_metrics()
         for run, values in zip(self.runs, flushed):
-            self._log(run, s, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})
+            self._log(run, s, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})  # update s's
             if run.writer is not None:
                 run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
                 run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)

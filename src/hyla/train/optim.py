@@ -83,7 +83,8 @@ class StackedAdamW:
         self.schedule_SxRx3 = torch.empty(0)
 
     def schedule_row(self, step: int | Tensor) -> Tensor:
-        """Per-run ``1 - lr * wd``, ``-lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)`` at ``step`` (R x 3).
+        """Per-run ``1 - lr * wd``, ``-lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)`` of update ``t = step + 1``
+        (``lr = lr_at(step)``; R x 3).
 
         Computed in float64 on the host as ``torch.optim.AdamW`` does, rounded to float32 as its
         kernels do, ``SCHEDULE_CHUNK`` steps at a time into one device table; a step reads a row.
@@ -128,8 +129,8 @@ class StackedAdamW:
         p.addcdiv_(m * neg_step_size_Rx1, denom)
 
     def to_adamw(self, r: int, model: nn.Module, columns: dict[str, slice], step: int) -> torch.optim.AdamW:
-        """Run ``r``'s moments as the ``torch.optim.AdamW`` a lone run of ``model`` has after ``step`` steps
-        (``columns``: parameter name -> its columns of ``flat_RxN``)."""
+        """Run ``r``'s moments as the ``torch.optim.AdamW`` a lone run of ``model`` has after ``step`` updates
+        (``columns``: parameter name -> its columns of ``flat_RxN``); its learning rate is the last update's."""
         opt = build_optimizer(model, self.cfgs[r], self.flat_RxN.device)
         names = {id(p): n for n, p in model.named_parameters()}
         for group in opt.param_groups:

@@ -42,11 +42,9 @@ from torch.func import functional_call, vmap
 from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
 from hyla.tasks import task_entry
 from hyla.tasks.base import Batch
-from hyla.train.build import build_model, build_task, sized_config
-from hyla.train.checkpoint import CheckpointError, TrainingState
+from hyla.train.build import build_model
 from hyla.train.config import ExperimentConfig
-from hyla.train.engine import Dist, StepSums, autocast, check_device, eval_mode, set_tf32
-from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
+from hyla.train.engine import Engine, EngineGraph, eval_mode
 from hyla.train.optim import StackedAdamW, decayed_parameter_names
 
 #: config keys in which the runs of one stack may differ
@@ -161,26 +159,19 @@ def default_generator_copy(device: torch.device) -> torch.Generator:
     return gen
 
 
-class StackedEngine:
+class StackedEngine(Engine):
     """Train ``len(cfgs)`` runs at once (see the module docstring)."""
 
-    dist = Dist()
-    world_size = 1
-
     def __init__(self, cfgs: list[ExperimentConfig], device: str = "cpu") -> None:
-        check_device(device)
         check_stackable(cfgs)
-        self.device = torch.device(device)
-        for cfg in cfgs:
-            cfg.validate()
-        self.task = build_task(cfgs[0])
-        self.cfgs = cfgs = [sized_config(cfg, self.task) for cfg in cfgs]
-        self.cfg = cfgs[0]
-        models, self.dropout_gens = [], []
-        for cfg in cfgs:  # seeded as the lone runs; each run's dropout generator where its lone run's starts
+        super().__init__(cfgs, device)
+
+    def _build(self) -> None:
+        models = []
+        for cfg in self.cfgs:  # seeded as the lone runs; each run's dropout generator where its lone run's starts
             models.append(build_model(cfg, self.task).to(self.device))
             self.dropout_gens.append(default_generator_copy(self.device))
-        self.num_runs = num_runs = len(cfgs)
+        num_runs = self.num_runs
         self.template = copy.deepcopy(models[0])
 
         # parameters: decayed ones (as in the lone run's optimizer) first, each run's a row of flat_RxN
@@ -206,29 +197,15 @@ class StackedEngine:
             for name, _ in self.template.named_buffers()
         }
         num_decayed = sum(s.numel for s in self.slots if s.name in decayed)
-        self.optimizer = StackedAdamW(self.flat_RxN, num_decayed, cfgs)
+        self.optimizer = StackedAdamW(self.flat_RxN, num_decayed, self.cfgs)
         del models, rows
-
-        self.gens = [torch.Generator(self.device).manual_seed(cfg.data_seed * 1009) for cfg in cfgs]
-        self.sums = StepSums(num_runs, ("loss", self.task.primary_metric), self.device)
         self._build_forward()
-        set_tf32(self.cfg, self.device)
-        self.graph = StackedStepGraph(self) if self.cfg.train.graph_step else None
 
     def _build_forward(self) -> None:
         """``_forward_train(params, buffers, x_RxBx...)`` and ``_forward_eval(params, buffers, x_Bx...)``,
         both ``-> out_RxBxPxO``, as ``train.stack_forward``, ``train.fast`` and ``train.graph_step`` ask."""
-        t = self.cfg.train
-        self.forward_mode = stack_forward_mode(t.stack_forward, self.device)
-        if t.graph_step:
-            reason = graph_step_unsupported_reason(self.device, 1)
-            if reason is not None:
-                raise ValueError(f"train.graph_step=true {reason}; allowed values here: false")
-        mode = compile_mode(t, self.device)
-        if t.graph_step and uses_cudagraphs(mode, self.device):
-            mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"  # the whole step is one
-        self._cudagraphs = uses_cudagraphs(mode, self.device)
-        positions, template = self.task.num_output_positions, self.template
+        self.forward_mode = stack_forward_mode(self.cfg.train.stack_forward, self.device)
+        mode, positions, template = self.compile_mode, self.task.num_output_positions, self.template
 
         def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None) -> Tensor:
             with supplied_keep_masks(keep) if keep is not None else nullcontext():
@@ -267,39 +244,29 @@ class StackedEngine:
         )
 
     # --------------------------------------------------------------------------- steps
-    def train_step(self, step: int) -> None:
-        """One optimizer step of every run; no host synchronization."""
-        if self.graph is not None:
-            self.graph.replay(step)
-        else:
-            self.step_body(step)
+    def _forward_loss(self, batches: list[Batch]) -> tuple[Tensor, Batch, Tensor]:
+        x_RxBx = torch.stack([b.inputs for b in batches])
+        batch = _concat(batches)
+        out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx, self._draw_keep_masks(x_RxBx))
+        out = out_RxBxPxO.flatten(0, 1).float()
+        # the task loss is a mean over problems: R x (mean over R*B) sums the runs' own losses
+        return out, batch, self.task.loss(out, batch) * self.num_runs
 
-    def step_body(self, step: int | Tensor) -> None:
-        """Sampling, forward, backward, AdamW and the step sums of 0-based step ``step`` (a device tensor
-        inside a captured step)."""
-        t = self.cfg.train
-        r_count, accum = self.num_runs, t.grad_accum_steps
-        grad_RxN: Tensor | None = None
-        for _ in range(accum):
-            if self._cudagraphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            batches = [self.task.sample(t.batch_size // accum, "train", gen) for gen in self.gens]
-            x_RxBx = torch.stack([b.inputs for b in batches])
-            batch = _concat(batches)
-            with autocast(self.cfg, self.device):
-                out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx, self._draw_keep_masks(x_RxBx))
-                out = out_RxBxPxO.flatten(0, 1).float()
-                # the task loss is a mean over problems: R x (mean over R*B) sums the runs' own losses
-                loss = self.task.loss(out, batch) * r_count
-            grads = torch.autograd.grad(loss / accum, self._param_list, allow_unused=True, materialize_grads=True)
-            g_RxN = torch.cat([g.reshape(r_count, -1) for g in grads], dim=1)
-            grad_RxN = g_RxN if grad_RxN is None else grad_RxN.add_(g_RxN)
-            with torch.no_grad():
-                m = self.task.metrics(out.detach(), batch)
-                means_R = {k: m[k].double().view(r_count, -1).mean(1) / accum for k in self.sums.keys}
-                self.sums.add(means_R, means_R["loss"], step + 1)
-        assert grad_RxN is not None
-        self.optimizer.step(grad_RxN, self.optimizer.schedule_row(step))
+    def _backward(self, loss: Tensor, grads: Tensor | None) -> Tensor:
+        """The gradient ``grad_RxN`` in ``flat_RxN``'s columns, summed over the micro-batches so far."""
+        per_param = torch.autograd.grad(loss, self._param_list, allow_unused=True, materialize_grads=True)
+        g_RxN = torch.cat([g.reshape(self.num_runs, -1) for g in per_param], dim=1)
+        return g_RxN if grads is None else grads.add_(g_RxN)
+
+    def _flagged_losses(self, loss: Tensor, means_R: dict[str, Tensor]) -> Tensor:
+        return means_R["loss"]  # each run's own (``loss`` is their sum)
+
+    def _update(self, step: int | Tensor, grads: Tensor | None) -> None:
+        assert grads is not None
+        self.optimizer.step(grads, self.optimizer.schedule_row(step))
+
+    def _step_graph(self) -> StackedStepGraph:
+        return StackedStepGraph(self)
 
     def _draw_keep_masks(self, x_RxBx: Tensor) -> list[Tensor] | None:
         """Attention dropout's keep-masks of one training forward, ``R x 1 x 1 x Q x K`` per dropping
@@ -318,91 +285,38 @@ class StackedEngine:
         return self._forward_eval(self.params, self.buffers, x, None)
 
     # --------------------------------------------------------------------------- checkpoints
-    def _lone_model(self, r: int) -> nn.Module:
+    def _lone_run(self, r: int, step: int) -> tuple[nn.Module, torch.optim.AdamW]:
         model = copy.deepcopy(self.template)
         with torch.no_grad():
             model.load_state_dict(
                 {**{k: v[r] for k, v in self.params.items()}, **{k: v[r] for k, v in self.buffers.items()}}
             )
-        return model
+        return model, self.optimizer.to_adamw(r, model, self.columns, step)
 
-    def export_run(self, r: int, step: int) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor]]:
-        model = self._lone_model(r)
-        opt = self.optimizer.to_adamw(r, model, self.columns, step)
-        # the lone format: a lone run's dropout draws from the default generator of its device
-        rng = {"torch_cpu": torch.get_rng_state(), "data_rank0": self.gens[r].get_state()}
-        rng["torch_cuda" if self.device.type == "cuda" else "torch_cpu"] = self.dropout_gens[r].get_state()
-        return model.state_dict(), opt.state_dict(), rng
-
-    def load_run(self, r: int, state: TrainingState) -> None:
-        model = self._lone_model(r)
-        opt = self.optimizer.to_adamw(r, model, self.columns, state.step)
-        try:
-            model.load_state_dict(state.model)
-            opt.load_state_dict(state.optimizer)
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise CheckpointError(f"checkpoint does not fit this model/optimizer: {err}") from err
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                self.params[n][r] = p.to(self.device)
-            for n, b in model.named_buffers():
-                self.buffers[n][r] = b.to(self.device)
-        self.optimizer.load_adamw(r, opt, model, self.columns)
-        self.gens[r].set_state(state.rng["data_rank0"].to(torch.uint8))
-        dropout_state = state.rng.get("torch_cuda" if self.device.type == "cuda" else "torch_cpu")
-        if dropout_state is not None:  # a checkpoint from a CPU continued on CUDA draws anew from here
-            self.dropout_gens[r].set_state(dropout_state.to(torch.uint8))
-
-    def close(self) -> None:
-        pass
+    @torch.no_grad()
+    def _store_run(self, r: int, model: nn.Module, optimizer: torch.optim.AdamW) -> None:
+        for n, p in model.named_parameters():
+            self.params[n][r] = p.to(self.device)
+        for n, b in model.named_buffers():
+            self.buffers[n][r] = b.to(self.device)
+        self.optimizer.load_adamw(r, optimizer, model, self.columns)
 
 
-class StackedStepGraph(StepGraph):
-    """``train.graph_step`` for a stack: all R runs' step (sampling from R generators, the stacked
-    forward and backward, the stacked AdamW reading its schedule row on the device, the step sums)
-    as one CUDA graph. The engine's state is already in fixed buffers (``flat_RxN``, the AdamW
-    moments, the schedule table); the step sums become buffers before capture."""
+class StackedStepGraph(EngineGraph):
+    """``train.graph_step`` for a stack: the stacked AdamW reads its schedule row on the device, from
+    the table of the step's chunk, loaded before each replay. The parameters and the AdamW moments are
+    already fixed buffers (``flat_RxN``, its moments)."""
 
-    def __init__(self, engine: StackedEngine) -> None:
-        super().__init__(engine.device)
-        self.engine = engine
+    engine: StackedEngine
 
-    def replay(self, step: int) -> None:
-        """Run step ``step`` (0-based) of every run; captures the graph on first use."""
+    def _load_step(self, step: int) -> None:
         self.engine.optimizer.load_schedule(step)  # the captured step reads the row of its chunk
-        self._replay(step)
 
-    def _body(self) -> None:
-        self.engine.step_body(self.step_count)
-        self.step_count.add_(1)
+    def _snapshot_state(self) -> list[Tensor]:
+        opt = self.engine.optimizer
+        return [t.clone() for t in (opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN)]
 
-    def _generators(self) -> list[torch.Generator]:
-        return [*self.engine.gens, *self.engine.dropout_gens]
-
-    def _before_capture(self) -> None:
-        self.engine.sums.fix_buffers()
-
-    @torch.no_grad()
-    def _snapshot(self) -> dict[str, Any]:
-        e = self.engine
-        opt = e.optimizer
-        snap: dict[str, Any] = {
-            "tensors": [t.clone() for t in (opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN)],
-            "sums": e.sums.snapshot(),
-            "gens": [gen.get_state() for gen in [*e.gens, *e.dropout_gens]],
-        }
-        if e.device.type == "cuda":  # the default generator, which torch.cuda.graph registers itself
-            snap["cuda_rng"] = torch.cuda.get_rng_state(e.device)
-        return snap
-
-    @torch.no_grad()
-    def _restore(self, snap: dict[str, Any]) -> None:
-        e = self.engine
-        opt = e.optimizer
-        for t, saved in zip((opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN), snap["tensors"]):
+    def _restore_state(self, snap: list[Tensor]) -> None:
+        opt = self.engine.optimizer
+        for t, saved in zip((opt.flat_RxN, opt.exp_avg_RxN, opt.exp_avg_sq_RxN), snap):
             t.copy_(saved)
-        e.sums.restore(snap["sums"])
-        for gen, state in zip([*e.gens, *e.dropout_gens], snap["gens"]):
-            gen.set_state(state)
-        if "cuda_rng" in snap:
-            torch.cuda.set_rng_state(snap["cuda_rng"], e.device)
