@@ -178,7 +178,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         f"(mean +- s.e., 3 seeds) where the configuration matches it.\n\n{table}\n",
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
-    if latents:
+    if latents and runs[0].task.latent_probe is not None:  # a task without a probe has no section
         from hyla.analysis.summary import latent_section
 
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
