@@ -82,7 +82,7 @@ def _add_option_flags(parser: argparse.ArgumentParser, task: type[Task]) -> None
             continue
         kind = next(t for t in (int, float, str) if t is hints[f.name] or t in typing.get_args(hints[f.name]))
         extra = "" if default is None else f"default {default}"
-        parser.add_argument(flag, type=kind, help=f"{about} ({extra})" if about and extra else about or extra)
+        parser.add_argument(flag, type=kind, help="; ".join(part for part in (about, extra) if part))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -42,8 +42,10 @@ def register_task(task: type[Task]) -> type[Task]:
     return task
 
 
-for _task in (SRaven, FuzzyLogic, TextTask):  # the registry: a new task is one more entry here
-    register_task(_task)
+# the registry: a new task is one more line here
+register_task(SRaven)
+register_task(FuzzyLogic)
+register_task(TextTask)
 
 
 def standalone_tasks() -> tuple[str, ...]:
