@@ -37,13 +37,6 @@ _UNSET: Any = _Unset()
 _DATA_CLASSES: dict[tuple[tuple[str, type], ...], type] = {}
 
 
-def _option_defaults(options: type) -> dict[str, Any]:
-    return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        for f in dataclasses.fields(options)
-    }
-
-
 def data_config_class() -> type:
     """``DataConfig``, the ``data`` section of the registered tasks (:data:`hyla.tasks.REGISTRY`, rebuilt
     when a task registers): ``task``, ``split_seed``, then every registered task's options.
@@ -62,14 +55,14 @@ def _make_data_config_class() -> type:
     other_task_values: dict[str, Any] = {}
     for name, entry in REGISTRY.items():
         hints = typing.get_type_hints(entry.options)
-        for option, default in _option_defaults(entry.options).items():
+        for option, default in dataclasses.asdict(entry.options()).items():
             if option in types_ and types_[option] != hints[option]:
                 raise TypeError(f"data.{option}: task {name} gives it another type than an earlier task")
             types_.setdefault(option, hints[option])
             other_task_values.setdefault(option, default)
 
     def __post_init__(self: Any) -> None:
-        own = _option_defaults(task_entry(self.task).options)  # an unknown data.task fails here
+        own = dataclasses.asdict(task_entry(self.task).options())  # an unknown data.task fails here
         for option, value in other_task_values.items():
             if getattr(self, option) is _UNSET:
                 setattr(self, option, own.get(option, value))
