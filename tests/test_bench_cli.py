@@ -125,3 +125,12 @@ def test_bench_attention_runs_the_fused_kernel_under_the_interpreter(tmp_path: P
     assert main([*argv, "--repeats", "1", "--variants", "hyla_fused,hyla_chunked", "--json", str(out)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["hyla_fused"]["status"] == "ok" and rows["hyla_fused"]["fwd_bwd_ms"] > 0
+
+
+def test_bench_step_reads_the_paper_models_from_the_task_configs() -> None:
+    """The sizes of the paper's models come from ``configs/`` (the task's ``paper_config``), not a copy."""
+    from hyla.bench.step import paper_model, paper_tasks
+
+    assert paper_tasks() == ("sraven", "fuzzy_logic")
+    assert paper_model("sraven") == dict(num_layers=4, emb_dim=128, num_heads=16, qk_dim=64, v_dim=64, mlp_dim=256)
+    assert paper_model("fuzzy_logic") == dict(num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)

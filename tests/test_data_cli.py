@@ -101,10 +101,10 @@ def test_fuzzy_export(tmp_path: Path) -> None:
     assert np.array_equal(task.term_patterns[task.combinations[d["task_id"]]].numpy(), d["terms"])
     assert set(d["task_id"].tolist()) <= set(task.task_ids["train"].tolist())
     unseen = tmp_path / "u.npz"
-    args = ["--split", "unseen_terms", "--num", "40", "--num-examples", "8", "--holdout", "0.5", "--out"]
-    assert main(["data", "fuzzy-logic", *args, str(unseen)]) == 0
+    args = ["--split", "unseen_terms", "--num", "40", "--num-examples", "8", "--holdout", "0.5"]
+    assert main(["data", "fuzzy-logic", *args, "--num-unseen-terms", "2", "--out", str(unseen)]) == 0
     u = np.load(unseen)
-    reserved = FuzzyLogic(holdout=0.5).unseen_terms.numpy()
+    reserved = FuzzyLogic(holdout=0.5, num_unseen_terms=2).unseen_terms.numpy()
     assert u["x"].shape == (40, 8, 4)
     assert all(np.isin(FuzzyLogic().combinations[t].numpy(), reserved).any() for t in u["task_id"])
 
@@ -119,7 +119,7 @@ def test_fuzzy_export(tmp_path: Path) -> None:
         (["sraven", "--split", "train", "--rules", "constant,zigzag"], "rules=['constant', 'zigzag'] must be"),
         (["sraven", "--split", "train", "--num-values", "2"], "num_values=2 is too small"),
         (["fuzzy-logic", "--split", "ood", "--holdout", "0.999"], "holdout=0.999"),
-        (["fuzzy-logic", "--split", "unseen_terms", "--num-unseen-terms", "0"], "--split 'unseen_terms' is not"),
+        (["fuzzy-logic", "--split", "unseen_terms"], "--split 'unseen_terms' is not"),
         (["fuzzy-logic", "--split", "train", "--num-terms", "17"], "num_terms=17 must be in"),
     ],
 )

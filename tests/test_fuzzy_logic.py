@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 import math
 
@@ -11,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hyla.tasks import make_task
-from hyla.tasks.fuzzy_logic import FuzzyLogic
+from hyla.tasks.fuzzy_logic import FuzzyLogic, FuzzyLogicOptions
 
 
 def zadeh(x: list[float], terms: list[list[bool]]) -> float:
@@ -76,18 +78,43 @@ def test_splits_disjoint_cover_space_and_every_seen_term_trains(
 
 
 def test_defaults_and_training_never_sees_held_out_combinations() -> None:
-    task = FuzzyLogic()  # L=4, K=2, N=32, holdout 0.7, 2 reserved terms
-    assert {k: len(v) for k, v in task.task_ids.items()} == {"train": 28, "test": 28, "ood": 63, "unseen_terms": 29}
-    assert task.eval_splits == ("test", "ood", "unseen_terms") and task.primary_metric == "r2"
+    task = FuzzyLogic()  # L=4, K=2, N=32, holdout 0.7, no reserved terms
+    assert {k: len(v) for k, v in task.task_ids.items()} == {"train": 36, "test": 36, "ood": 84}
+    assert task.eval_splits == ("test", "ood") and task.primary_metric == "r2"
     assert task.seq_len == 32 and task.input_dim == 5 and task.output_dim == 1 and task.num_tasks == 120
-    train = set(task.task_ids["train"].tolist())
-    for seed in range(3):
-        batch = task.sample(1024, "train", torch.Generator().manual_seed(seed))
-        assert set(batch.info["task_id"].tolist()) <= train
-    all_terms = FuzzyLogic(num_unseen_terms=0)
-    assert all_terms.eval_splits == ("test", "ood") and len(all_terms.task_ids["ood"]) == 84
     with pytest.raises(ValueError, match="split='unseen_terms' is not valid for fuzzy_logic"):
-        all_terms.sample(2, "unseen_terms", torch.Generator())
+        task.sample(2, "unseen_terms", torch.Generator())
+    reserved = FuzzyLogic(num_unseen_terms=2)
+    assert {k: len(v) for k, v in reserved.task_ids.items()} == {"train": 28, "test": 28, "ood": 63, "unseen_terms": 29}
+    assert reserved.eval_splits == ("test", "ood", "unseen_terms")
+    train = set(reserved.task_ids["train"].tolist())
+    for seed in range(3):
+        batch = reserved.sample(1024, "train", torch.Generator().manual_seed(seed))
+        assert set(batch.info["task_id"].tolist()) <= train
+
+
+def test_the_options_dataclass_is_the_one_place_of_the_defaults() -> None:
+    """The constructor, a config naming only the task, and ``hyla data`` all build the same task."""
+    from hyla.export import export_flags
+    from hyla.train.build import build_task
+    from hyla.train.config import config_from_dict
+
+    defaults = dataclasses.asdict(FuzzyLogicOptions())
+    assert defaults == {
+        "holdout": 0.7,
+        "num_variables": 4,
+        "num_terms": 2,
+        "num_examples": 32,
+        "num_unseen_terms": 0,
+        "split_style": "cover",
+    }
+    signature = inspect.signature(FuzzyLogic)
+    assert {k: signature.parameters[k].default for k in defaults} == defaults
+    assert export_flags(FuzzyLogic) == defaults
+    from_config = build_task(config_from_dict({"data": {"task": "fuzzy_logic"}}))
+    assert isinstance(from_config, FuzzyLogic)
+    assert {k: getattr(from_config, k) for k in defaults} == defaults
+    assert torch.equal(from_config.task_ids["ood"], FuzzyLogic().task_ids["ood"])
 
 
 def test_determinism_and_split_seed() -> None:
@@ -145,7 +172,7 @@ def test_r2_mse_and_loss() -> None:
 )
 def test_impossible_configurations(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        FuzzyLogic(**kwargs)
+        FuzzyLogic(**{"num_unseen_terms": 2, **kwargs})  # 14 seen terms in the messages
 
 
 def test_unknown_split_and_factory() -> None:

@@ -10,13 +10,8 @@ from pathlib import Path
 
 from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
-from hyla.analysis.runs import load_run
-from hyla.analysis.summary import probe_markdown, run_probe, run_topsim, topsim_across_runs
+from hyla.analysis.summary import probe_markdown, require_rule_codes, run_probe, run_topsim, topsim_across_runs
 from hyla.textio import error_line
-
-
-def _task(run_dir: str) -> str:
-    return load_run(run_dir).config["data"]["task"]
 
 
 def cmd_latents(args: argparse.Namespace) -> int:
@@ -38,9 +33,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_plots(args: argparse.Namespace) -> int:
-    if _task(args.run) != "sraven":
-        task = _task(args.run)
-        raise ValueError(f"{args.run} is a {task} run; latent-code pictures are drawn for sraven runs")
+    require_rule_codes(args.run, "latent-code pictures are drawn for")
     out = Path(args.out or Path(args.run) / "analysis")
     latents = collect_latents(args.run, args.split, args.num)
     paths = sraven_latent_figures(latents, out, max_points=args.max_points)

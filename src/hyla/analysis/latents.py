@@ -40,22 +40,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from hyla.tasks.sraven import RULE_NAMES
+from hyla.tasks import REGISTRY
+from hyla.tasks.sraven import sraven_pairs
 from hyla.train.rundir import load_trained
 
-
-def sraven_pairs(perm_NxGxF: Tensor, num_features: int, grid_size: int = 3) -> tuple[Tensor, Tensor]:
-    """Query tokens ``(N, F)`` and relevant key tokens ``(N, F, G-1)`` for every answer slot."""
-    n, g, f = perm_NxGxF.shape[0], grid_size, num_features
-    last = g - 1
-    feature_of_slot = perm_NxGxF[:, last]  # (N, F): canonical feature j of answer slot i
-    queries = (g * g - 1) * f + torch.arange(f).expand(n, f)
-    inverse = perm_NxGxF.argsort(-1)  # inverse[n, c, j] = slot of canonical feature j in column c
-    slots = [inverse[:, c].gather(1, feature_of_slot) for c in range(g - 1)]  # (N, F) each
-    keys = torch.stack([(last * g + c) * f + slot for c, slot in enumerate(slots)], dim=-1)
-    return queries, keys
+__all__ = ["collect_latents", "save_latents", "sraven_pairs"]
 
 
 @torch.no_grad()
@@ -71,49 +61,22 @@ def collect_latents(
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     cfg, task, model = load_trained(run_dir)
-    if cfg.data.task not in ("sraven", "fuzzy_logic"):
-        raise ValueError(
-            f"{run_dir}: latent codes are extracted for sraven and fuzzy_logic runs, not {cfg.data.task!r}"
-        )
+    if task.latent_probe is None:
+        analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe)
+        raise ValueError(f"{run_dir}: latent codes are extracted for {analysed} runs, not {cfg.data.task!r}")
     task.check_split(split)
     gen = torch.Generator().manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, num, batch_size):
         batch = task.sample(min(batch_size, num - start), split, gen)
         codes = torch.stack(model.latent_codes(batch.inputs), dim=1)  # (B, L, H, T, T)
-        if cfg.data.task == "sraven":
-            f = task.num_features
-            q_tok, k_tok = sraven_pairs(batch.info["perm"], f, task.grid_size)
-            b_idx = torch.arange(len(q_tok))[:, None, None]
-            # codes[b, :, :, q, k] for q = q_tok[b, i], k = k_tok[b, i, c] -> (B, F, G-1, L, H)
-            sel = codes.permute(0, 3, 4, 1, 2)[b_idx, q_tok[..., None], k_tok]
-            query_rule = batch.info["rules"].gather(1, batch.info["perm"][:, -1])
-            arrays = {
-                "codes": sel.permute(0, 1, 3, 2, 4).numpy().astype(np.float32),  # (B, F, L, G-1, H)
-                "query_rule": query_rule.numpy(),
-                "rules": batch.info["rules"].numpy(),
-                "perm": batch.info["perm"].numpy(),
-                "task_id": batch.info["task_id"].numpy(),
-                "query_tokens": q_tok.numpy(),
-                "key_tokens": k_tok.numpy(),
-            }
-        else:
-            t = codes.shape[-1]
-            arrays = {
-                # the last query, every context key: (B, L, H, K) -> (B, L, K, H)
-                "codes": codes[:, :, :, t - 1, : t - 1].permute(0, 1, 3, 2).numpy().astype(np.float32),
-                "terms": batch.info["terms"].numpy(),
-                "task_id": batch.info["task_id"].numpy(),
-            }
-        for k, v in arrays.items():
+        for k, v in task.latent_arrays(codes, batch).items():
             parts.setdefault(k, []).append(v)
     out = {k: np.concatenate(v) for k, v in parts.items()}
     out["task"] = np.array(cfg.data.task)
     out["split"] = np.array(split)
     out["attention"] = np.array(cfg.model.attention)
-    if cfg.data.task == "sraven":
-        out["rule_names"] = np.array(RULE_NAMES)
-    return out
+    return out | task.constant_arrays()
 
 
 def save_latents(arrays: dict, path: str | Path) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hyla.tasks import REGISTRY
+
 #: preset -> (fuzzy-logic OOD R^2, SRAVEN OOD accuracy), each (mean, s.e.) in percent
 TABLE_A1: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "softmax": ((63.28, 2.31), (56.56, 1.05)),
@@ -22,7 +24,8 @@ TABLE_A1_MOE: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "linear": ((60.09, 6.16), (64.34, 4.30)),
     "hyla": ((82.37, 6.55), (66.94, 3.94)),
 }
-#: review discussion: SRAVEN OOD accuracy of HYLA by nonlinearity
+#: review discussion: SRAVEN OOD accuracy of HYLA by nonlinearity (Table A1's column NONLINEARITIES_COLUMN)
+NONLINEARITIES_COLUMN = 1
 NONLINEARITIES_SRAVEN: dict[str, tuple[float, float]] = {
     "hyla_relu": (69.13, 1.90),
     "hyla_silu": (71.04, 1.05),
@@ -42,44 +45,20 @@ def _preset(model: dict[str, Any]) -> str | None:
 
 def _table(config: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], str] | None:
     """The paper table (preset -> OOD (mean, s.e.)) and its name that this configuration belongs to."""
-    data, model, train = config["data"], config["model"], config["train"]
+    model = config["model"]
     if model.get("width_multiplier", 1) != 1 or model.get("single_head"):
         return None
     moe = model.get("moe_experts") or 0
     if moe and not (moe == 5 and model.get("moe_top_k") == 2):
         return None
-    if data["task"] == "fuzzy_logic":
-        ok = (
-            data["holdout"] == 0.7
-            and data["num_variables"] == 4
-            and data["num_terms"] == 2
-            and data["num_examples"] == 32
-            and (not data.get("num_unseen_terms") or data.get("split_style") == "authors")
-            and model["num_layers"] == 2
-            and model["emb_dim"] == 128
-            and model["num_heads"] == 8
-        )
-        column = 0
-    elif data["task"] == "sraven":
-        ok = (
-            data["holdout"] == 0.25
-            and data["num_features"] == 4
-            and data["num_values"] == 8
-            and data.get("grid_size", 3) == 3
-            and model["num_layers"] == 4
-            and model["emb_dim"] == 128
-            and model["num_heads"] == 16
-            and train["steps"] * train["batch_size"] == 156250 * 128
-        )
-        column = 1
-    else:
+    entry = REGISTRY.get(config["data"]["task"])
+    if entry is None or entry.task.paper_column is None or not entry.task.matches_paper_setting(config):
         return None
-    if not ok:
-        return None
+    column = entry.task.paper_column.index
     if moe:
         return {k: v[column] for k, v in TABLE_A1_MOE.items()}, "Table A1, MoE"
     table = {k: v[column] for k, v in TABLE_A1.items()}
-    if column == 1:
+    if column == NONLINEARITIES_COLUMN:
         table.update({k: v for k, v in NONLINEARITIES_SRAVEN.items() if k not in table})
     return table, "Table A1"
 

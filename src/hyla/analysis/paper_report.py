@@ -21,6 +21,7 @@ from hyla.analysis.plots import learning_curves
 from hyla.analysis.runs import Run, load_run
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.analysis.summary import latent_section
+from hyla.tasks import PaperColumn, task_entry
 from hyla.textio import read_jsonl
 from hyla.train.config import load_config
 from hyla.train.rundir import has_trained_weights
@@ -29,15 +30,21 @@ from hyla.train.sweepfile import RunSpec, Sweep, load_sweep, run_state
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
 #: our own follow-up experiments, shown after the paper's once they have records
 FOLLOW_UP_SWEEPS = ("init_fuzzy",)
-#: task -> (column of TABLE_A1, metric name, what it is)
-TASK_COLUMNS = {"fuzzy_logic": (0, "r2", "OOD R^2 (%)"), "sraven": (1, "acc", "OOD accuracy (%)")}
 #: problems per split whose latent codes the report analyses for each finished run with weights
 LATENT_PROBLEMS = 2048
 
 
+def paper_column(task: str) -> PaperColumn:
+    """The task's Table A1 column; a task outside the paper gets one of its primary metric on ``ood``."""
+    cls = task_entry(task).task
+    return cls.paper_column or PaperColumn(-1, cls.primary_metric, f"OOD {cls.metric_title} (%)")
+
+
 def paper_value(row: str, task: str) -> tuple[float, float] | None:
     """The paper's Table A1 (mean, s.e.) in % for a sweep row (``hyla``, ``softmax_moe``, ...)."""
-    column = TASK_COLUMNS[task][0]
+    column = paper_column(task).index
+    if column < 0:
+        return None
     if row.endswith("_moe"):
         found = TABLE_A1_MOE.get(row.removesuffix("_moe"))
     else:
@@ -86,7 +93,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
     """The markdown section of one sweep (and its figure under ``figures``)."""
     runs = sweep.runs()
     task = load_config(runs[0].config, list(runs[0].overrides)).data.task
-    _, metric, what = TASK_COLUMNS[task]
+    metric, what = paper_column(task).metric, paper_column(task).title
     records = root / sweep.name
     loaded: dict[str, Run] = {}
     for spec in runs:

@@ -106,12 +106,13 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     if len(tasks) > 1:
         raise ValueError(f"the runs mix tasks ({', '.join(tasks)}): report one task at a time")
     out.mkdir(parents=True, exist_ok=True)
-    if tasks == ["text"]:
+    perplexity = runs[0].primary_metric == "ppl"  # language models: their own table
+    if perplexity:
         runs = [_perplexity_from_loss(r) for r in runs]
     groups = group_runs(runs)
     flat_keys = [flatten(json.loads(k)) for k in groups]
     varying = sorted({k for f in flat_keys for k in f if len({json.dumps(g.get(k)) for g in flat_keys}) > 1})
-    if tasks == ["text"]:
+    if perplexity:
         return _text_report(runs, groups, varying, out)
     splits = [s for s in ("train", "test", "ood", "unseen_terms") if any(r.final(s) for r in runs)]
     if not splits:
@@ -119,8 +120,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
             f"no evaluation in {', '.join(str(r.path / 'metrics.jsonl') for r in runs)} yet (the first comes at "
             "step train.eval_every); report the runs after it"
         )
-    metric = runs[0].primary_metric
-    unit = "accuracy" if metric == "acc" else "R^2"
+    metric, unit = runs[0].primary_metric, runs[0].task.metric_title
     columns = [(s, metric, f"{s} {unit} (%)") for s in splits]
     if any((r.final("ood") or {}).get("feature_acc") is not None for r in runs):  # SRAVEN: per answer feature
         columns.append(("ood", "feature_acc", "ood per-feature acc (%)"))
@@ -170,7 +170,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         f"(mean +- s.e., 3 seeds) where the configuration matches it.\n\n{table}\n",
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
-    if latents:
+    if latents and runs[0].task.latent_probe is not None:  # a task without a probe has no section
         from hyla.analysis.summary import latent_section
 
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)

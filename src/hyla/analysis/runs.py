@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyla.tasks import task_entry
+from hyla.tasks import Task, task_entry
 from hyla.textio import FileFormatError, read_jsonl, read_yaml
 
 
@@ -34,8 +34,13 @@ class Run:
         return rows[-1] if rows else None
 
     @property
+    def task(self) -> type[Task]:
+        """The class of the run's task (what it measures, how it is analysed)."""
+        return task_entry(self.config["data"]["task"]).task
+
+    @property
     def primary_metric(self) -> str:
-        return task_entry(self.config["data"]["task"]).task.primary_metric
+        return self.task.primary_metric
 
 
 def load_run(path: str | Path) -> Run:

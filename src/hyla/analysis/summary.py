@@ -1,9 +1,9 @@
 """Latent-code analysis of one run, as the CLI and ``hyla report`` use it: probe, topographic similarity.
 
-SRAVEN: codes of ``num`` problems of the ``test`` split (training tasks) and of the ``ood`` split
-(held-out tasks) are extracted once; the rule probe is fit on the first and scored on the second; the
-topographic similarity is measured on the ``ood`` task codes. Fuzzy logic: the term probe on ``num``
-sequences of the ``test`` split (training combinations).
+By the task's probe (:attr:`hyla.tasks.base.Task.latent_probe`). Rule probe (SRAVEN): codes of ``num``
+problems of the ``test`` split (training tasks) and of the ``ood`` split (held-out tasks) are extracted
+once; the probe is fit on the first and scored on the second; the topographic similarity is measured
+on the ``ood`` task codes. Term probe (fuzzy logic): ridge on ``num`` sequences of the ``test`` split.
 """
 
 from __future__ import annotations
@@ -16,6 +16,20 @@ from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.analysis.runs import Run, load_run
+from hyla.tasks import REGISTRY, task_entry
+
+
+def latent_probe(run_dir: str | Path) -> str | None:
+    """The latent-code probe of a run's task (:attr:`hyla.tasks.base.Task.latent_probe`)."""
+    return task_entry(load_run(run_dir).config["data"]["task"]).task.latent_probe
+
+
+def require_rule_codes(run_dir: str | Path, what: str) -> None:
+    """Raise unless the run's task has rule codes (``latent_probe == "rule"``), which ``what`` needs."""
+    if latent_probe(run_dir) != "rule":
+        task = load_run(run_dir).config["data"]["task"]
+        tasks = " or ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe == "rule")
+        raise ValueError(f"{run_dir} is a {task} run; {what} {tasks} runs")
 
 
 def probe_markdown(result: dict) -> list[str]:
@@ -47,9 +61,8 @@ def probe_markdown(result: dict) -> list[str]:
 def run_probe(run_dir: str | Path, num: int, latents: dict | None = None) -> dict:
     """Probe result of a run (``latents``: already extracted ``{"test": ..., "ood": ...}`` to reuse)."""
     latents = latents if latents is not None else {}
-    task = load_run(run_dir).config["data"]["task"]
     test = latents.get("test") or collect_latents(run_dir, "test", num)
-    if task == "sraven":
+    if latent_probe(run_dir) == "rule":
         ood = latents.get("ood") or collect_latents(run_dir, "ood", num)
         return rule_probe(test, ood)
     return term_probe(test["codes"], test["terms"])
@@ -59,10 +72,8 @@ def run_topsim(
     run_dir: str | Path, split: str, num: int, permutations: int, latents: dict | None = None
 ) -> dict[str, object]:
     """Topographic similarity (both task distances) of a SRAVEN run's task codes, and its final OOD acc."""
+    require_rule_codes(run_dir, "topographic similarity needs")
     run = load_run(run_dir)
-    if run.config["data"]["task"] != "sraven":
-        task = run.config["data"]["task"]
-        raise ValueError(f"{run_dir} is a {task} run; topographic similarity needs sraven")
     lat = latents if latents is not None else collect_latents(run_dir, split, num)
     codes, rules = comp.task_codes(lat)
     entry: dict[str, object] = {"run": str(run_dir), "split": split}
@@ -88,7 +99,7 @@ def analyze_run(
     task = load_run(run_dir).config["data"]["task"]
     lat = {"test": collect_latents(run_dir, "test", num)}
     out: dict[str, object] = {"run": str(run_dir), "task": task}
-    if task == "sraven":
+    if latent_probe(run_dir) == "rule":
         lat["ood"] = collect_latents(run_dir, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
@@ -123,7 +134,7 @@ def latent_section(
             results.append(res)
     if not results:
         return ["No run has trained weights or a checkpoint: no latent-code analysis."], [], []
-    if results[0]["task"] == "sraven":
+    if task_entry(str(results[0]["task"])).task.latent_probe == "rule":
         lines = [
             f"Final weights (else the latest checkpoint) of each run; codes of {num} problems of training "
             f"tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe (all layers): logistic "

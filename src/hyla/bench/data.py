@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hyla.bench import device_label, positive_ints, require_device, require_writable
-from hyla.tasks import TASKS, make_task
+from hyla.tasks import make_task, standalone_tasks
 
 
 def _sync(device: str) -> None:
@@ -44,20 +44,12 @@ def throughput(task_name: str, batch_size: int, num: int, repeats: int, device: 
     return statistics.median(rates)
 
 
-def ambiguous_fraction(num: int, seed: int, criterion: str) -> float:
-    """Fraction of ``num`` SRAVEN training problems (generator seed ``seed``) the checker flags."""
-    from hyla.tasks.sraven_ambiguity import is_ambiguous
-
-    task = make_task("sraven")
-    grid = task.sample_problems(num, "train", torch.Generator().manual_seed(seed))["grid"]  # type: ignore[attr-defined]
-    return is_ambiguous(task, grid, criterion=criterion).float().mean().item()  # type: ignore[arg-type]
-
-
 def run(args: argparse.Namespace) -> int:
     require_device(args.device)
     task_name = args.task.replace("-", "_")
-    if task_name not in TASKS:
-        raise SystemExit(f"--task {args.task!r} is unknown; allowed values: {', '.join(TASKS)}")
+    if task_name not in standalone_tasks():
+        raise SystemExit(f"--task {args.task!r} is unknown; allowed values: {', '.join(standalone_tasks())}")
+    task = make_task(task_name)
     if args.num < 1 or args.repeats < 1:
         raise SystemExit(f"--num and --repeats must be >= 1, got {args.num} and {args.repeats}")
     if args.threads:
@@ -79,15 +71,15 @@ def run(args: argparse.Namespace) -> int:
         rate = throughput(task_name, bs, args.num, args.repeats, args.device)
         result["problems_per_s"][str(bs)] = rate
         line = f"batch {bs:>8d}: {rate:>12,.0f} problems/s (encoded inputs)"
-        if task_name == "sraven":
+        if hasattr(task, "sample_problems"):  # problems without their encoding: how much the encoding costs
             raw = throughput(task_name, bs, args.num, args.repeats, args.device, encode=False)
             result.setdefault("grids_per_s", {})[str(bs)] = raw
             line += f", {raw:>12,.0f} problems/s (sample_problems: grids, no encoding)"
         print(line)
-    if task_name == "sraven" and args.ambiguity:
-        for criterion in ("any_panel", "paper"):
+    if args.ambiguity:
+        for criterion in task.ambiguity_criteria:
             t0 = time.perf_counter()
-            frac = ambiguous_fraction(args.ambiguity, 0, criterion)
+            frac = task.ambiguous_fraction(args.ambiguity, 0, criterion)
             result[f"ambiguous_fraction_{criterion}"] = frac
             print(
                 f"ambiguous fraction ({criterion}, {args.ambiguity:,} training problems, generator seed 0): "

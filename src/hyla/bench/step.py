@@ -23,12 +23,24 @@ import torch
 from hyla.attention.config import BACKENDS, canonical_backend
 from hyla.bench import device_label, require_device, require_writable
 from hyla.models import Transformer, TransformerConfig, num_parameters
+from hyla.tasks import REGISTRY, task_entry
 
-TASK_MODELS = {
-    # the paper's models (notes section 2); seq_len and input/output sizes of the task encodings
-    "sraven": dict(num_layers=4, emb_dim=128, num_heads=16, qk_dim=64, v_dim=64, mlp_dim=256),
-    "fuzzy_logic": dict(num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256),
-}
+#: the sizes of the paper's model (notes section 2) read from the task's config in ``configs/``; seq_len
+#: and input/output sizes come from the task encoding, the rest of the model is the variant's
+PAPER_MODEL_SIZES = ("num_layers", "emb_dim", "num_heads", "qk_dim", "v_dim", "mlp_dim")
+
+
+def paper_tasks() -> tuple[str, ...]:
+    """The tasks with a paper model that ``make_task`` builds."""
+    return tuple(name for name, entry in REGISTRY.items() if entry.task.paper_config and entry.task.standalone)
+
+
+def paper_model(task: str) -> dict[str, int]:
+    """The model sizes of the task's paper config (:attr:`hyla.tasks.base.Task.paper_config`)."""
+    from hyla.train.config import read_config_values
+
+    model = read_config_values(str(task_entry(task).task.paper_config))["model"]
+    return {k: model[k] for k in PAPER_MODEL_SIZES}
 
 
 def _task_shapes(task: str) -> tuple[int, int, int, int | None]:
@@ -63,7 +75,7 @@ def time_variant(
         relative_position_max_distance=seq_len,
         attention_backend=backend,
         attention_dropout=dropout,
-        **TASK_MODELS[task],
+        **paper_model(task),
     )
     model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
@@ -112,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in PRESETS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; allowed values: {', '.join(PRESETS)}")
-    if args.task not in TASK_MODELS:
-        raise SystemExit(f"--task must be one of {', '.join(TASK_MODELS)}, got {args.task!r}")
+    if args.task not in paper_tasks():
+        raise SystemExit(f"--task must be one of {', '.join(paper_tasks())}, got {args.task!r}")
     try:  # a former name (reference, explicit) is recorded under the name that replaced it
         args.backend = canonical_backend(args.backend)
     except ValueError:

@@ -6,8 +6,9 @@ import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,10 +29,25 @@ class Batch:
         return Batch(self.inputs.to(device), self.targets.to(device), {k: v.to(device) for k, v in self.info.items()})
 
 
-class Task(ABC):
-    """A stream of problems. ``sample`` must be deterministic given the generator's state."""
+@dataclass(frozen=True)
+class PaperColumn:
+    """Where a task's runs stand in the paper's Table A1 (``hyla.analysis.paper``)."""
 
-    name: str
+    index: int  # the column of Table A1, also the order of the tasks in reports
+    metric: str  # the metric it reports (on ``ood``)
+    title: str  # the column's title, e.g. ``"OOD accuracy (%)"``
+
+
+class Task(ABC):
+    """A stream of problems. ``sample`` must be deterministic given the generator's state.
+
+    Everything code outside ``hyla.tasks`` needs to know about a task (its config keys, its export, its
+    latent-code analysis, its paper column) is a class attribute or method here, overridden per task."""
+
+    #: its ``data.task`` name
+    name: ClassVar[str]
+    #: the dataclass of its ``data.*`` config keys: the one place their defaults live
+    options: ClassVar[type]
     input_dim: int
     output_dim: int
     seq_len: int
@@ -46,6 +62,39 @@ class Task(ABC):
     token_inputs: bool = False
     #: why runs of this task cannot be stacked in one process (None: they can)
     not_stackable_because: str | None = None
+    #: what ``primary_metric`` is, in words for report columns ("accuracy": "test accuracy (%)")
+    metric_title: ClassVar[str] = "accuracy"
+    #: built from its options' defaults alone (``make_task``, ``hyla bench data``); text needs a corpus
+    standalone: ClassVar[bool] = True
+    #: a trained run can continue text (``hyla generate``): the task has ``encode`` and ``decode``
+    generates_text: ClassVar[bool] = False
+    #: help of its ``hyla data`` subcommand (None: not exported)
+    export_help: ClassVar[str | None] = None
+    #: the latent-code probe its analysis runs (``hyla.analysis.summary``): "rule" (labels
+    #: ``query_rule``, fit on ``test``, scored on ``ood``; also topographic similarity and pictures),
+    #: "term" (labels ``terms``, ridge on ``test``) or None (no latent-code analysis)
+    latent_probe: ClassVar[str | None] = None
+    #: its column in the paper's Table A1 (None: not in the paper)
+    paper_column: ClassVar[PaperColumn | None] = None
+    #: the config in ``configs/`` with the paper's model for this task (``hyla bench step``)
+    paper_config: ClassVar[str | None] = None
+    #: criteria of :meth:`ambiguous_fraction` (``hyla bench data --ambiguity``; empty: none)
+    ambiguity_criteria: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def export_options(cls) -> type:
+        """The dataclass whose fields are the ``hyla data`` flags (their ``metadata["help"]`` and defaults)."""
+        return cls.options
+
+    @classmethod
+    def from_export_options(cls, values: dict[str, Any], split_seed: int) -> Task:
+        """The task of ``hyla data`` flags (``values``: every field of :meth:`export_options`)."""
+        return cls(**values, split_seed=split_seed)
+
+    @classmethod
+    def matches_paper_setting(cls, config: dict[str, Any]) -> bool:
+        """Whether a run's config (a dict) is the data and model setting of the paper's Table A1 column."""
+        return False
 
     @classmethod
     def from_options(cls, options: Any, split_seed: int, run_dir: Path | None = None) -> Task:
@@ -79,6 +128,26 @@ class Task(ABC):
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         """A split's (or a log interval's) metrics from the means of :meth:`metrics` over its problems."""
         return means
+
+    def export_chunk(self, num: int, split: str, generator: torch.Generator) -> dict[str, np.ndarray]:
+        """``num`` problems for ``hyla data``: by default the model's ``inputs``, the ``targets`` and ``info``."""
+        batch = self.sample(num, split, generator)
+        return {"inputs": batch.inputs.numpy(), "targets": batch.targets.numpy()} | {
+            k: v.numpy() for k, v in batch.info.items()
+        }
+
+    def constant_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays that name the ids in exports and latent codes (e.g. ``rule_names``)."""
+        return {}
+
+    def latent_arrays(self, codes_BxLxHxTxT: Tensor, batch: Batch) -> dict[str, np.ndarray]:
+        """The latent code ``a[h, q, k]`` at the (query, key) pairs that matter and their labels
+        (``hyla.analysis.latents``); ``codes_BxLxHxTxT`` holds every layer, head and pair."""
+        raise NotImplementedError(f"{self.name} has no latent-code analysis")
+
+    def ambiguous_fraction(self, num: int, seed: int, criterion: str) -> float:
+        """Fraction of ``num`` training problems (generator seed ``seed``) with another valid answer."""
+        raise NotImplementedError(f"{self.name} has no ambiguity check")
 
     def check_split(self, split: str) -> None:
         if split not in self.splits:

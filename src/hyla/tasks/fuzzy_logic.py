@@ -7,9 +7,9 @@ its index in ``itertools.combinations(range(2^L), K)``) and
 
 Splits of the task space, a function of ``split_seed`` alone (never of the data seed):
 
-* ``unseen_terms``: ``num_unseen_terms`` terms (default 2) are reserved; every combination holding
-  at least one of them forms this split (the paper's harder split: terms never trained on);
-  ``num_unseen_terms=0`` drops it;
+* ``unseen_terms``: ``num_unseen_terms`` terms are reserved; every combination holding at least one
+  of them forms this split (the paper's harder split: terms never trained on); ``num_unseen_terms=0``
+  (the default) drops it;
 * ``ood``: of the combinations of the other ("seen") terms, ``int(holdout * count)`` are held out;
 * ``train`` and ``test`` draw from the rest (``test``: fresh problems of the training combinations).
 
@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from hyla.tasks.base import Batch, Task
+from hyla.tasks.base import Batch, PaperColumn, Task
 
 #: sequences whose N targets have a variance below this get it raised to it in ``r2``
 R2_MIN_VARIANCE = 1e-12
@@ -49,14 +50,19 @@ SPLIT_STYLES: tuple[str, ...] = ("cover", "authors")
 
 @dataclass
 class FuzzyLogicOptions:
-    """The ``data.*`` options of ``data.task=fuzzy_logic``."""
+    """The ``data.*`` options of ``data.task=fuzzy_logic`` and the defaults of :class:`FuzzyLogic`: the
+    paper's setting (Table A1, Fig. 2C: L=4, K=2, N=32, 70% of the term combinations held out) on the
+    cover split; the authors' code's universe (``split_style=authors``, 4 unseen terms) is
+    ``configs/fuzzy_logic.yaml``."""
 
-    holdout: float = 0.25  # fraction of term combinations held out as the OOD split
+    holdout: float = field(default=0.7, metadata={"help": "fraction of term combinations held out (ood)"})
     num_variables: int = 4
     num_terms: int = 2
     num_examples: int = 32
-    num_unseen_terms: int = 0  # terms never trained on (split unseen_terms if > 0)
-    split_style: str = "cover"  # cover | authors (see the module docstring)
+    # terms never trained on (split unseen_terms if > 0); 0 also keeps the key's value in the records
+    # of other tasks' runs, which spell every data.* key (data_config_class)
+    num_unseen_terms: int = field(default=0, metadata={"help": "terms reserved for the unseen_terms split"})
+    split_style: str = field(default="cover", metadata={"help": f"{' | '.join(SPLIT_STYLES)} (module docstring)"})
 
     def validate(self) -> None:
         if self.split_style not in SPLIT_STYLES:
@@ -64,23 +70,32 @@ class FuzzyLogicOptions:
             raise ValueError(f"data.split_style={self.split_style!r} is not valid; allowed values: {allowed}")
 
 
+_DEFAULTS = FuzzyLogicOptions()
+
+
 class FuzzyLogic(Task):
     """Fuzzy-logic regression sequences on demand; see the module docstring for splits and encoding."""
 
     name = "fuzzy_logic"
+    options = FuzzyLogicOptions
     primary_metric = "r2"
+    metric_title = "R^2"
+    export_help = "fuzzy-logic regression sequences: x, y, terms, task_id"
+    latent_probe = "term"
+    paper_column = PaperColumn(0, "r2", "OOD R^2 (%)")
+    paper_config = "fuzzy_logic"
 
     num_output_positions = 1
 
     def __init__(
         self,
-        num_variables: int = 4,
-        num_terms: int = 2,
-        num_examples: int = 32,
-        holdout: float = 0.7,
+        num_variables: int = _DEFAULTS.num_variables,
+        num_terms: int = _DEFAULTS.num_terms,
+        num_examples: int = _DEFAULTS.num_examples,
+        holdout: float = _DEFAULTS.holdout,
         split_seed: int = 0,
-        num_unseen_terms: int = 2,
-        split_style: str = "cover",
+        num_unseen_terms: int = _DEFAULTS.num_unseen_terms,
+        split_style: str = _DEFAULTS.split_style,
     ) -> None:
         if split_style not in SPLIT_STYLES:
             raise ValueError(f"split_style={split_style!r} is not valid; allowed values: {', '.join(SPLIT_STYLES)}")
@@ -220,3 +235,41 @@ class FuzzyLogic(Task):
         err = (outputs_BxTxO[:, -1, 0] - batch.targets[:, -1]).pow(2)
         var = batch.targets.var(dim=1, unbiased=False).clamp_min(R2_MIN_VARIANCE)
         return {"loss": err, "mse": err, "r2": 1 - err / var}
+
+    # ------------------------------------------------------------------ outside views
+    def export_chunk(self, num: int, split: str, generator: torch.Generator) -> dict[str, np.ndarray]:
+        """``x`` (N, T, L) float32, ``y`` (N, T) float32 (true targets, the last included), ``terms``
+        (N, K, L) bool (True: literal x_i, False: 1 - x_i), ``task_id`` (N,)."""
+        batch = self.sample(num, split, generator)
+        return {
+            "x": batch.inputs[..., : self.num_variables].numpy(),
+            "y": batch.targets.numpy(),
+            "terms": batch.info["terms"].numpy(),
+            "task_id": batch.info["task_id"].numpy().astype(np.int64),
+        }
+
+    def latent_arrays(self, codes_BxLxHxTxT: Tensor, batch: Batch) -> dict[str, np.ndarray]:
+        """``codes`` (B, layers, N-1, H) of the last query (whose y is predicted) with every context
+        key; its labels ``terms`` (B, K, L); ``task_id``."""
+        t = codes_BxLxHxTxT.shape[-1]
+        return {
+            "codes": codes_BxLxHxTxT[:, :, :, t - 1, : t - 1].permute(0, 1, 3, 2).numpy().astype(np.float32),
+            "terms": batch.info["terms"].numpy(),
+            "task_id": batch.info["task_id"].numpy(),
+        }
+
+    @classmethod
+    def matches_paper_setting(cls, config: dict[str, Any]) -> bool:
+        """Table A1: holdout 0.7, L=4, K=2, N=32 (unseen terms only the authors' way), 2 layers of width
+        128 with 8 heads."""
+        data, model = config["data"], config["model"]
+        return (
+            data["holdout"] == 0.7
+            and data["num_variables"] == 4
+            and data["num_terms"] == 2
+            and data["num_examples"] == 32
+            and (not data.get("num_unseen_terms") or data.get("split_style") == "authors")
+            and model["num_layers"] == 2
+            and model["emb_dim"] == 128
+            and model["num_heads"] == 8
+        )

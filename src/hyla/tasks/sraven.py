@@ -39,14 +39,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hyla.tasks.base import Batch, Task
+from hyla.tasks.base import Batch, PaperColumn, Task
 
 RULE_NAMES: tuple[str, ...] = (
     "constant",
@@ -94,31 +95,50 @@ def _rows_count(rule: int, v: int, g: int) -> int:
 
 @dataclass
 class SRavenOptions:
-    """The ``data.*`` options of ``data.task=sraven``."""
+    """The ``data.*`` options of ``data.task=sraven`` and the defaults of :class:`SRaven`."""
 
-    holdout: float = 0.25  # fraction of rule combinations held out as the OOD split
+    holdout: float = field(default=0.25, metadata={"help": "fraction of rule combinations held out (ood)"})
     num_features: int = 4
     num_values: int = 8
     grid_size: int = 3
-    unambiguous_only: bool = False
+    unambiguous_only: bool = field(default=False, metadata={"help": "resample ambiguous problems"})
+
+
+@dataclass
+class SRavenExportOptions(SRavenOptions):
+    """``hyla data sraven`` flags: the config's options and a subset of the rules."""
+
+    rules: str | None = field(
+        default=None, metadata={"help": f"comma-separated subset of: {','.join(RULE_NAMES)} (default: all)"}
+    )
+
+
+_DEFAULTS = SRavenOptions()
 
 
 class SRaven(Task):
     """SRAVEN problems on demand; see the module docstring for rules, splits and encoding."""
 
     name = "sraven"
+    options = SRavenOptions
     primary_metric = "acc"
+    export_help = "symbolic Raven problems: grid, rules, perm, task_id, rule_names"
+    latent_probe = "rule"
+    paper_column = PaperColumn(1, "acc", "OOD accuracy (%)")
+    paper_config = "sraven"
+    #: criteria of :func:`hyla.tasks.sraven_ambiguity.is_ambiguous`, strictest first
+    ambiguity_criteria: tuple[str, ...] = ("any_panel", "paper")
 
     def __init__(
         self,
-        num_features: int = 4,
-        num_values: int = 8,
-        grid_size: int = 3,
-        holdout: float = 0.25,
+        num_features: int = _DEFAULTS.num_features,
+        num_values: int = _DEFAULTS.num_values,
+        grid_size: int = _DEFAULTS.grid_size,
+        holdout: float = _DEFAULTS.holdout,
         rules: Sequence[str] | None = None,
         split_seed: int = 0,
         permute_features: bool = True,
-        unambiguous_only: bool = False,
+        unambiguous_only: bool = _DEFAULTS.unambiguous_only,
     ) -> None:
         rules = tuple(RULE_NAMES if rules is None else rules)
         unknown = [r for r in rules if r not in RULE_NAMES]
@@ -317,6 +337,84 @@ class SRaven(Task):
         correct = logits.argmax(-1) == batch.targets
         ce = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none").mean(1)
         return {"loss": ce, "acc": correct.all(1).float(), "feature_acc": correct.float().mean(1)}
+
+    # ------------------------------------------------------------------ outside views
+    @classmethod
+    def export_options(cls) -> type:
+        return SRavenExportOptions
+
+    @classmethod
+    def from_export_options(cls, values: dict[str, Any], split_seed: int) -> SRaven:
+        text = values["rules"]
+        rules = None if text is None else [r.strip() for r in text.split(",") if r.strip()]
+        return cls(**{**values, "rules": rules}, split_seed=split_seed)
+
+    def export_chunk(self, num: int, split: str, generator: torch.Generator) -> dict[str, np.ndarray]:
+        """``grid`` (N, G, G, F) as the model sees it, ``rules`` (N, F) per canonical feature, ``perm``
+        (N, G, F) with ``grid[n, r, c, i] == canonical[n, r, c, perm[n, c, i]]``, ``task_id`` (N,)."""
+        p = self.sample_problems(num, split, generator)
+        if self.unambiguous_only:
+            from hyla.tasks.sraven_ambiguity import resample_ambiguous
+
+            p = resample_ambiguous(self, p, split, generator)
+        return {k: p[k].numpy().astype(np.int64) for k in ("grid", "rules", "perm", "task_id")}
+
+    def constant_arrays(self) -> dict[str, np.ndarray]:
+        return {"rule_names": np.array(RULE_NAMES)}
+
+    def latent_arrays(self, codes_BxLxHxTxT: Tensor, batch: Batch) -> dict[str, np.ndarray]:
+        """For answer slot i (see ``hyla.analysis.latents``): ``codes`` (B, F, layers, G-1, H) at the
+        slot's query and the same canonical feature's keys in the last row; its rule ``query_rule`` (B, F);
+        ``rules``, ``perm``, ``task_id``; the tokens ``query_tokens`` (B, F), ``key_tokens`` (B, F, G-1)."""
+        perm, rules = batch.info["perm"], batch.info["rules"]
+        q_tok, k_tok = sraven_pairs(perm, self.num_features, self.grid_size)
+        b_idx = torch.arange(len(q_tok))[:, None, None]
+        # codes[b, :, :, q, k] for q = q_tok[b, i], k = k_tok[b, i, c] -> (B, F, G-1, L, H)
+        sel = codes_BxLxHxTxT.permute(0, 3, 4, 1, 2)[b_idx, q_tok[..., None], k_tok]
+        return {
+            "codes": sel.permute(0, 1, 3, 2, 4).numpy().astype(np.float32),  # (B, F, L, G-1, H)
+            "query_rule": rules.gather(1, perm[:, -1]).numpy(),
+            "rules": rules.numpy(),
+            "perm": perm.numpy(),
+            "task_id": batch.info["task_id"].numpy(),
+            "query_tokens": q_tok.numpy(),
+            "key_tokens": k_tok.numpy(),
+        }
+
+    def ambiguous_fraction(self, num: int, seed: int, criterion: str) -> float:
+        """Fraction of ``num`` training problems (generator seed ``seed``) that ``criterion`` flags."""
+        from hyla.tasks.sraven_ambiguity import is_ambiguous
+
+        grid = self.sample_problems(num, "train", torch.Generator().manual_seed(seed))["grid"]
+        return is_ambiguous(self, grid, criterion=criterion).float().mean().item()
+
+    @classmethod
+    def matches_paper_setting(cls, config: dict[str, Any]) -> bool:
+        """Table A1: holdout 0.25, F=4, V=8, G=3, 4 layers of width 128 with 16 heads, 20M problems."""
+        data, model, train = config["data"], config["model"], config["train"]
+        return (
+            data["holdout"] == 0.25
+            and data["num_features"] == 4
+            and data["num_values"] == 8
+            and data.get("grid_size", 3) == 3
+            and model["num_layers"] == 4
+            and model["emb_dim"] == 128
+            and model["num_heads"] == 16
+            and train["steps"] * train["batch_size"] == 156250 * 128
+        )
+
+
+def sraven_pairs(perm_NxGxF: Tensor, num_features: int, grid_size: int = 3) -> tuple[Tensor, Tensor]:
+    """Query tokens ``(N, F)`` and relevant key tokens ``(N, F, G-1)`` for every answer slot: the slot's
+    query token and the tokens of the same canonical feature in the visible panels of the last row."""
+    n, g, f = perm_NxGxF.shape[0], grid_size, num_features
+    last = g - 1
+    feature_of_slot = perm_NxGxF[:, last]  # (N, F): canonical feature j of answer slot i
+    queries = (g * g - 1) * f + torch.arange(f).expand(n, f)
+    inverse = perm_NxGxF.argsort(-1)  # inverse[n, c, j] = slot of canonical feature j in column c
+    slots = [inverse[:, c].gather(1, feature_of_slot) for c in range(g - 1)]  # (N, F) each
+    keys = torch.stack([(last * g + c) * f + slot for c, slot in enumerate(slots)], dim=-1)
+    return queries, keys
 
 
 def decode_inputs(inputs_BxTxV: Tensor, num_features: int, grid_size: int = 3) -> Tensor:

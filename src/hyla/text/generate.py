@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"hyla generate: error: {err}", file=sys.stderr)
         return 2
-    if cfg.data.task != "text":
+    if not task.generates_text:
         print(f"hyla generate: error: {args.run} is a {cfg.data.task} run, not a language model", file=sys.stderr)
         return 2
     ids = task.encode(args.prompt)  # type: ignore[attr-defined]

@@ -22,27 +22,63 @@ from hyla.models import TransformerConfig
 from hyla.tasks import REGISTRY, task_entry
 from hyla.textio import FileFormatError, read_yaml, yaml_error_text
 
+#: ``data.task`` when a config names none
+DEFAULT_TASK = "sraven"
 
-def _data_config_class() -> type:
-    """``DataConfig``, the ``data`` section: ``task``, ``split_seed``, then every registered task's options
-    (:data:`hyla.tasks.REGISTRY`; a key two tasks share, like ``holdout``, has one default). A run reads
-    the keys of its own task (:func:`task_options`); the others are ignored."""
-    fields_: dict[str, tuple[Any, Any]] = {}
+
+class _Unset:
+    """A ``data.*`` key the config did not give: :func:`data_config_class` fills it from the task's options."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+_DATA_CLASSES: dict[tuple[tuple[str, type], ...], type] = {}
+
+
+def data_config_class() -> type:
+    """``DataConfig``, the ``data`` section of the registered tasks (:data:`hyla.tasks.REGISTRY`, rebuilt
+    when a task registers): ``task``, ``split_seed``, then every registered task's options.
+
+    A key the config leaves out takes the default of ``data.task``'s own options dataclass, so each task
+    keeps its defaults; a key of another task (which the run never reads) takes the default of the first
+    registered task that has it, so that it stays the same in every record and checkpoint."""
+    key = tuple((name, entry.options) for name, entry in REGISTRY.items())
+    if key not in _DATA_CLASSES:
+        _DATA_CLASSES[key] = _make_data_config_class()
+    return _DATA_CLASSES[key]
+
+
+def _make_data_config_class() -> type:
+    types_: dict[str, Any] = {}
+    other_task_values: dict[str, Any] = {}
     for name, entry in REGISTRY.items():
         hints = typing.get_type_hints(entry.options)
-        for f in dataclasses.fields(entry.options):
-            if f.name in fields_ and fields_[f.name][1] != f.default:
-                raise TypeError(f"data.{f.name}: task {name} gives it another default than an earlier task")
-            fields_[f.name] = (hints[f.name], f.default)
+        for option, default in dataclasses.asdict(entry.options()).items():
+            if option in types_ and types_[option] != hints[option]:
+                raise TypeError(f"data.{option}: task {name} gives it another type than an earlier task")
+            types_.setdefault(option, hints[option])
+            other_task_values.setdefault(option, default)
+
+    def __post_init__(self: Any) -> None:
+        own = dataclasses.asdict(task_entry(self.task).options())  # an unknown data.task fails here
+        for option, value in other_task_values.items():
+            if getattr(self, option) is _UNSET:
+                setattr(self, option, own.get(option, value))
+
     # split_seed None: the held-out split follows the run's seed (the paper's code)
-    specs: list[Any] = [("task", str, field(default="sraven")), ("split_seed", int | None, field(default=0))]
-    specs += [(n, t, field(default=d)) for n, (t, d) in fields_.items()]
-    cls = dataclasses.make_dataclass("DataConfig", specs)
-    cls.__module__, cls.__doc__ = __name__, _data_config_class.__doc__
+    specs: list[Any] = [("task", str, field(default=DEFAULT_TASK)), ("split_seed", int | None, field(default=0))]
+    specs += [(option, t, field(default=_UNSET)) for option, t in types_.items()]
+    cls = dataclasses.make_dataclass("DataConfig", specs, namespace={"__post_init__": __post_init__})
+    cls.__module__, cls.__doc__ = __name__, data_config_class.__doc__
     return cls
 
 
-DataConfig = _data_config_class()
+def __getattr__(name: str) -> Any:
+    if name == "DataConfig":  # the class of the tasks registered now
+        return data_config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def task_options(data: Any) -> Any:
@@ -93,7 +129,8 @@ COSINE_ENDS: tuple[str, ...] = ("steps", "steps_minus_warmup")
 class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0  # model initialization (and the data stream unless train.data_seed)
-    data: DataConfig = field(default_factory=DataConfig)
+    # its class depends on the registered tasks: read at parse time (metadata "type")
+    data: Any = field(default_factory=lambda: data_config_class()(), metadata={"type": data_config_class})
     model: TransformerConfig = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -161,7 +198,7 @@ class ExperimentConfig:
 # ---------------------------------------------------------------------------------------- parsing
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {f.name: f.metadata["type"]() if "type" in f.metadata else hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
