@@ -23,7 +23,7 @@ from hyla.train.checkpoint import latest_checkpoint
 from hyla.train.config import load_config
 from hyla.train.loop import resume_differences
 from hyla.train.optim import build_optimizer, decayed_parameter_names, lr_at
-from hyla.train.stacked import stack_groups
+from hyla.train.plan import plan_groups
 from tiny import tiny_overrides
 
 
@@ -121,9 +121,9 @@ def test_split_follows_the_seed_when_split_seed_is_null(task: str) -> None:
     # runs whose splits differ cannot share one stacked task
     tiny = tiny_overrides()
     cfgs = [load_config(task, [*tiny, "data.split_seed=null", f"seed={s}"]) for s in (0, 1)]
-    assert stack_groups(cfgs) == [[0], [1]]
+    assert plan_groups(cfgs) == [[0], [1]]
     fixed = [load_config(task, [*tiny, f"seed={s}"]) for s in (0, 1)]  # tiny: split_seed 0, no dropout
-    assert stack_groups(fixed) == [[0, 1]]
+    assert plan_groups(fixed) == [[0, 1]]
 
 
 def test_hyla_data_config_exports_the_split_a_config_trains_on(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -12,9 +12,9 @@ import yaml
 
 from hyla.analysis.paper_report import paper_report
 from hyla.cli import main
-from hyla.sweep import finish_piece_record
 from hyla.textio import FileFormatError, TornLineWarning, append_jsonl, read_jsonl
 from hyla.train.config import dump_config, load_config
+from hyla.train.rundir import finish_piece_record
 from hyla.train.sweepfile import load_sweep
 
 ROWS = [{"step": s, "split": sp, "r2": 0.5, "loss": 1.0} for s in (10, 20) for sp in ("train", "test", "ood")]
@@ -127,7 +127,7 @@ def test_a_piece_completes_its_own_start_line_after_a_killed_one(tmp_path: Path)
     path.write_text(jsonl([DONE, KILLED]))
     started = {**KILLED, "from_step": 12}
     append_jsonl(path, started)
-    finish_piece_record(path, started, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0})
+    finish_piece_record(tmp_path, started, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0})
     assert read_jsonl(path) == [DONE, KILLED, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0}]
 
 

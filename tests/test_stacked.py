@@ -18,11 +18,12 @@ from hyla.train import engine as engine_module
 from hyla.train import lone as lone_module
 from hyla.train import optim as optim_module
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
-from hyla.train.cli import stacked_configs
+from hyla.train.cli import run_configs
 from hyla.train.config import TrainConfig, load_config
 from hyla.train.fast import StepGraph, compile_mode, uses_cudagraphs
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-from hyla.train.stacked import StackedStepGraph, stack_forward_mode, stack_groups
+from hyla.train.plan import engine_for, plan_groups
+from hyla.train.stacked import StackedStepGraph, stack_forward_mode
 from tiny import sigterm_after_step, tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -133,8 +134,8 @@ def test_stacked_runs_drop_the_pairs_their_lone_runs_drop(tmp_path: Path) -> Non
     parts = train("parts", "train.stack_forward=loop", "--seeds", "0,3", "--resume")
     for seed in (0, 3):
         assert_as_alone(parts / f"seed{seed}", seed, exact)
-    # a stacked checkpoint continued by the lone trainer
-    train("handover", "train.stack_forward=loop", "--seeds", "3", "--stop-at-step", "2")
+    # a stacked checkpoint (a stack of one: `--seeds 3` alone would train lone) continued by the lone trainer
+    train_stack("sraven", [*six_steps, "train.stack_forward=loop"], tmp_path / "handover", "3", stop_at_step=2)
     alone = ["train", "sraven", *six_steps, "seed=3", "name=sraven_seed3", "--resume", "--quiet"]
     assert main([*alone, "--out", str(tmp_path / "handover" / "seed3")]) == 0
     assert_as_alone(tmp_path / "handover" / "seed3", 3, exact)
@@ -174,7 +175,7 @@ def test_stacked_resume_and_lone_resume_of_a_stacked_run(tmp_path: Path) -> None
         assert_same_metrics(metrics(part / f"seed{s}"), metrics(full / f"seed{s}"), rel=1e-6)
     # a stacked run directory is an ordinary one: the lone trainer continues it
     one = tmp_path / "one"
-    assert main(["train", "sraven", *TINY, "--seeds", "1", "--out", str(one), "--quiet", "--stop-at-step", "3"]) == 0
+    train_stack("sraven", TINY, one, "1", stop_at_step=3)  # a stack of one: `--seeds 1` would train lone
     resume = ["train", "sraven", *TINY, "seed=1", "name=sraven_seed1", "--out", str(one / "seed1"), "--resume"]
     assert main([*resume, "--quiet"]) == 0
     assert_same_metrics(metrics(one / "seed1"), metrics(full / "seed1"))
@@ -200,12 +201,24 @@ def test_signal_stops_a_stack_with_checkpoints_and_resume_matches(tmp_path: Path
         assert (whole / "metrics.jsonl").read_bytes() == (parts / "metrics.jsonl").read_bytes()
 
 
-def stacked_configs_for(out: Path, seeds: str) -> tuple[list, list[Path]]:
-    """What ``hyla train fuzzy_logic TINY --seeds SEEDS --out OUT`` would train."""
+def stacked_configs_for(
+    out: Path, seeds: str, config: str = "fuzzy_logic", overrides: list[str] = TINY
+) -> tuple[list, list[Path]]:
+    """What ``hyla train CONFIG OVERRIDES --seeds SEEDS --out OUT`` would train."""
     import argparse
 
-    ns = argparse.Namespace(config="fuzzy_logic", overrides=TINY, seeds=seeds, sweep=None, out=str(out))
-    return stacked_configs(ns)
+    ns = argparse.Namespace(config=config, overrides=overrides, seeds=seeds, sweep=None, out=str(out))
+    return run_configs(ns)
+
+
+def train_stack(config: str, overrides: list[str], out: Path, seeds: str, stop_at_step: int) -> None:
+    """``hyla train ... --seeds SEEDS --stop-at-step N`` forced onto the stacked engine, even for one seed."""
+    cfgs, outs = stacked_configs_for(out, seeds, config, overrides)
+    trainer = Trainer(cfgs, outs, quiet=True, engine="stacked", stop_at_step=stop_at_step)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
 
 
 def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsys) -> None:
@@ -219,7 +232,11 @@ def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsy
     stackable = ["data.split_seed=0", "model.attention_dropout=0"]  # the paper config's split follows the seed
     options = ([], ["seed=1"], ["model.num_layers=2"], ["model.moe_experts=2"])
     cfgs = [load_config("sraven", [*stackable, *o]) for o in options]
-    assert stack_groups(cfgs) == [[0, 1], [2], [3]]  # MoE: alone
+    assert plan_groups(cfgs) == [[0, 1], [2], [3]]  # MoE: alone
+    assert [engine_for([cfgs[i] for i in g]) for g in plan_groups(cfgs)] == ["stacked", "lone", "lone"]
+    # runs stack only when they start together: all new, or resuming from checkpoints of one step
+    assert plan_groups(cfgs[:2], [4, 4]) == [[0, 1]]
+    assert plan_groups(cfgs[:2], [4, 6]) == plan_groups(cfgs[:2], [None, 4]) == [[0], [1]]
 
 
 def test_bad_input_is_refused_with_the_parameter_named(tmp_path: Path, capsys) -> None:

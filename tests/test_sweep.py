@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shlex
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from hyla import sweep as sweep_module
 from hyla.analysis.paper_report import sweep_section
 from hyla.cli import main
-from hyla.sweep import wall_seconds, worker_threads
+from hyla.sweep import cli as sweep_cli
+from hyla.sweep import launch as sweep_launch
+from hyla.sweep.estimate import wall_seconds
+from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
-from hyla.train.sweepfile import load_sweep, run_state
+from hyla.train.rundir import run_state
+from hyla.train.sweepfile import check_slurm, load_sweep
 from tiny import tiny_overrides
+
+#: the tiny size of the sweeps here
+TINY_SWEEP_OVERRIDES = tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2)
 
 
 def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], extra: dict | None = None) -> Path:
-    overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2))
+    overrides = dict(o.split("=", 1) for o in TINY_SWEEP_OVERRIDES)
     spec = {
         "name": "tiny",
         "config": "fuzzy_logic",
@@ -113,7 +121,7 @@ def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     # a fake clock, one second per reading: --max-minutes 0.1 leaves 6 - 0.6 (margin: a tenth) = 5.4 s, i.e.
     # the first run stops a few steps in, with a checkpoint
     clock = itertools.count()
-    monkeypatch.setattr(sweep_module.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
     assert main(["sweep", str(path), "--root", str(parts), "--max-minutes", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "time budget reached" in out and "0 runs finished now, 4 left" in out
@@ -203,6 +211,35 @@ def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
     made = json.loads((tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0" / "made_by.jsonl").read_text())
     assert made["stacked_with"] == 2
     assert run_state(tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0") == "done"
+
+
+@pytest.mark.parametrize("seeds", [[0], [0, 1]])
+def test_hyla_train_seeds_and_hyla_sweep_train_the_same_groups_with_the_same_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: list[int]
+) -> None:
+    """One planner (:mod:`hyla.train.plan`): a lone run trains lone under both commands, two stackable seeds
+    as one stack."""
+    from hyla.train import loop
+
+    built: list[tuple[str, int]] = []  # (engine, runs) of each Trainer
+    make_engine = loop.make_engine
+
+    def spy(cfgs: list, outs: list[Path], engine: str, device: str) -> object:
+        built.append((engine, len(cfgs)))
+        return make_engine(cfgs, outs, engine, device)
+
+    monkeypatch.setattr(loop, "make_engine", spy)
+    stackable = {"model.attention_dropout": "0.0", "data.split_seed": "0"}
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=seeds, extra=stackable)
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    by_sweep, built[:] = list(built), []
+    overrides = [*TINY_SWEEP_OVERRIDES, *(f"{k}={v}" for k, v in stackable.items()), "model.attention=hyla"]
+    seeds_arg = ",".join(map(str, seeds))
+    assert main(["train", "fuzzy_logic", *overrides, "--seeds", seeds_arg, "--quiet", "--out", str(tmp_path)]) == 0
+    expected = [("lone", 1)] if len(seeds) == 1 else [("stacked", 2)]
+    assert by_sweep == built == expected
+    made = read_jsonl(tmp_path / "r" / "tiny" / "hyla-seed0" / "made_by.jsonl")
+    assert [m["stacked_with"] for m in made] == [len(seeds)]
 
 
 def test_where_keeps_the_runs_at_those_grid_values_and_seeds(
@@ -295,8 +332,8 @@ def test_slurm_settings_come_from_the_sweep_file_and_the_command_line(tmp_path: 
     spec["slurm"] = {"partition": "gpu", "account": "lab", "time": 120, "cpus": 8, "mem_gb": 32}
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(str(path))
-    sweep.slurm.update(sweep_module.check_slurm(sweep_module.parse_slurm(["qos=high", "time=90"]), "--slurm"))
-    assert sweep_module.executor_parameters(sweep.slurm, "cuda") == {
+    sweep.slurm.update(check_slurm(sweep_cli.parse_slurm(["qos=high", "time=90"]), "--slurm"))
+    assert sweep_launch.executor_parameters(sweep.slurm, "cuda") == {
         "timeout_min": 90,
         "gpus_per_node": 1,
         "cpus_per_task": 8,
@@ -310,17 +347,15 @@ def test_slurm_settings_come_from_the_sweep_file_and_the_command_line(tmp_path: 
     with pytest.raises(ValueError, match="slurm: unknown key 'partitio'; allowed keys: partition, account"):
         load_sweep(str(path))
     with pytest.raises(ValueError, match="--slurm: time must be a number >= 0"):
-        sweep_module.check_slurm(sweep_module.parse_slurm(["time=soon"]), "--slurm")
+        check_slurm(sweep_cli.parse_slurm(["time=soon"]), "--slurm")
 
 
 def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """submitit's local executor, preempted (its timeout/preemption signal) once the run has a checkpoint:
     the job requeues itself and the run ends with the records of an uninterrupted one."""
     submitit = pytest.importorskip("submitit")
-    import os
     import signal
     import subprocess
-    import time
 
     path = write_sweep(
         tmp_path,
@@ -338,7 +373,7 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
     root = tmp_path / "r" / sweep.name
     executor = submitit.AutoExecutor(folder=str(tmp_path / "jobs"), cluster="local")
     executor.update_parameters(timeout_min=60)
-    job = executor.submit(sweep_module.GroupJob(str(path), str(root), "cpu", []), [s.name for s in sweep.runs()])
+    job = executor.submit(sweep_launch.GroupJob(str(path), str(root), "cpu", []), [s.name for s in sweep.runs()])
     run = root / sweep.runs()[0].name
     hang_guard = time.monotonic() + 30 * 60  # only ends a hang; the wait is for the first checkpoint
     while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < hang_guard and not job.done():
@@ -365,7 +400,6 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     budget is too short for any stage trains nothing and says how many runs are left, a call with enough
     budget trains them all, a call after that trains nothing. Whether a stage runs depends only on the
     budget given, never on how fast this machine is (stopping mid-run at --max-minutes has its own test)."""
-    import os
     import subprocess
     import sys
 
@@ -458,7 +492,7 @@ def test_parallel_jobs_write_the_records_of_one_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = two_rows_two_seeds(tmp_path)
-    monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 2)  # one thread per worker
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one thread per worker
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the one-job run in this process: the same arithmetic
     try:
@@ -482,11 +516,9 @@ def test_parallel_jobs_write_the_records_of_one_job(
 def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp_path: Path) -> None:
     """SIGTERM to ``hyla sweep --jobs 2``: the two running runs save and stop, the queued two never start,
     the command exits 143 and leaves no worker behind."""
-    import os
     import signal
     import subprocess
     import sys
-    import time
 
     long = {"train.steps": 100000, "train.log_every": 10, "train.eval_every": 100000, "train.checkpoint_every": 100000}
     rows = {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}}

@@ -13,7 +13,7 @@ from hyla.textio import print_warnings_on_one_line
 SUBCOMMANDS: dict[str, str] = {
     "demo": "hyla.demo",
     "train": "hyla.train.cli",
-    "sweep": "hyla.sweep",
+    "sweep": "hyla.sweep.cli",
     "data": "hyla.export",
     "bench": "hyla.bench",
     "analyze": "hyla.analysis.cli",

@@ -22,10 +22,8 @@ from hyla.analysis.runs import Run, load_run
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.analysis.summary import latent_section
 from hyla.tasks import PaperColumn, task_entry
-from hyla.textio import read_jsonl
-from hyla.train.config import load_config
-from hyla.train.rundir import has_trained_weights
-from hyla.train.sweepfile import RunSpec, Sweep, load_sweep, run_state
+from hyla.train.rundir import MADE_BY, has_trained_weights, read_pieces, run_state
+from hyla.train.sweepfile import RunSpec, Sweep, load_sweep
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
 #: our own follow-up experiments, shown after the paper's once they have records
@@ -78,8 +76,8 @@ def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
     """Commits, devices and wall time (a stack's time shared among its runs) of the pieces recorded under
     ``root``, and how many pieces never recorded their end (still training, or killed outright)."""
     commits, devices, wall, unfinished = set(), set(), 0.0, 0
-    for path in sorted(root.glob("*/made_by.jsonl")):
-        for rec in read_jsonl(path):
+    for path in sorted(root.glob(f"*/{MADE_BY}")):
+        for rec in read_pieces(path.parent):
             commits.add(rec["commit"])
             devices.add(f"{rec['device']} on {rec['machine']}")
             if rec.get("wall_s") is None:
@@ -92,7 +90,7 @@ def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
 def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
     """The markdown section of one sweep (and its figure under ``figures``)."""
     runs = sweep.runs()
-    task = load_config(runs[0].config, list(runs[0].overrides)).data.task
+    task = sweep.configs[runs[0].name].data.task
     metric, what = paper_column(task).metric, paper_column(task).title
     records = root / sweep.name
     loaded: dict[str, Run] = {}

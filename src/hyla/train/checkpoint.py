@@ -90,6 +90,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path
 
 
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The step of ``run_dir``'s newest checkpoint (from its name, ``step-000000500``), None without one."""
+    ckpt = latest_checkpoint(run_dir)
+    return None if ckpt is None else int(ckpt.name.removeprefix("step-"))
+
+
 def load_checkpoint(path: Path) -> TrainingState:
     """Read a checkpoint directory; any damage raises :class:`CheckpointError` naming the file."""
     path = Path(path)

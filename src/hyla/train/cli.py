@@ -1,9 +1,8 @@
 """``hyla train CONFIG [key=value ...] --out DIR``: one run, or several (``--seeds``, ``--sweep``).
 
-Expansion of seeds and sweep files, grouping into stacks, the choice of engine for the
-:class:`~hyla.train.loop.Trainer` (lone or stacked) and the exit
-codes live here: 2 bad input, 3 non-finite loss, 128 + signal when stopped by one. Also runs under
-``torchrun`` for DDP (lone runs).
+Expansion of seeds and ``--sweep`` files into runs and the exit codes live here: 2 bad input, 3 non-finite
+loss, 128 + signal when stopped by one. The runs go through the planner of ``hyla sweep``
+(:mod:`hyla.train.plan`: groups and engines). Also runs under ``torchrun`` for DDP (lone runs).
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hyla.textio import FileFormatError, read_yaml
-from hyla.train.checkpoint import CheckpointError
+from hyla.train.checkpoint import CheckpointError, checkpoint_step
 from hyla.train.config import ExperimentConfig, load_config
+from hyla.train.plan import engine_for, plan_groups
 
 
 def _sweep_entries(path: str) -> list[dict[str, Any]]:
@@ -38,8 +38,9 @@ def _sweep_entries(path: str) -> list[dict[str, Any]]:
     return [{**run, **point} for run in runs for point in points]
 
 
-def stacked_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
-    """Configs and run directories for ``--seeds`` / ``--sweep``: ``OUT/seed0``, ``OUT/lr0.003``, ..."""
+def run_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
+    """Configs and run directories: ``OUT`` for one run; ``OUT/seed0``, ``OUT/lr0.003``, ``OUT/seed0_lr0.003``
+    ... for ``--seeds`` / ``--sweep``."""
     sets: list[tuple[str, list[str]]] = [("", [])]
     if args.seeds:
         try:
@@ -85,31 +86,29 @@ def failure_exit_code(command: str, err: Exception, interrupted_note: str) -> in
 def run(args: argparse.Namespace) -> int:
     """Train every group of runs in turn (one group for a lone run)."""
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-    from hyla.train.stacked import STACKABLE_KEYS, not_stackable_reason, stack_groups
+    from hyla.train.stacked import STACKABLE_KEYS, not_stackable_reason
 
     several = bool(args.seeds or args.sweep)
     try:
         if args.stop_at_step is not None and args.stop_at_step < 1:
             raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
-        if several:
-            cfgs, outs = stacked_configs(args)
-            groups = stack_groups(cfgs)
-        else:
-            cfgs, outs, groups = [load_config(args.config, args.overrides)], [Path(args.out)], [[0]]
-    except ValueError as err:
+        cfgs, outs = run_configs(args)
+        resume_from = [checkpoint_step(out) if args.resume else None for out in outs]
+        groups = plan_groups(cfgs, resume_from)
+    except (ValueError, CheckpointError) as err:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 2
     if len(groups) > 1:
         reasons = sorted({reason for cfg in cfgs if (reason := not_stackable_reason(cfg))})
+        reasons += ["their checkpoints are at different steps"] if len(set(resume_from)) > 1 else []
         why = "; ".join(reasons) or f"they differ in more than {', '.join(STACKABLE_KEYS)}"
         print(f"{len(cfgs)} runs in {len(groups)} groups trained one after another ({why})", flush=True)
     for group in groups:
         g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
         common = {"device": args.device, "resume": args.resume, "stop_at_step": args.stop_at_step, "quiet": args.quiet}
         trainer: Trainer | None = None
-        lone = not several or (len(group) == 1 and not_stackable_reason(g_cfgs[0]))
         try:
-            trainer = Trainer(g_cfgs, g_outs, engine="lone" if lone else "stacked", **common)
+            trainer = Trainer(g_cfgs, g_outs, engine=engine_for(g_cfgs), **common)
             results = trainer.run()
         except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
             saved = "checkpoints saved" if several else "checkpoint saved"

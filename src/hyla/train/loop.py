@@ -37,6 +37,7 @@ from hyla.train.checkpoint import (
 from hyla.train.config import ExperimentConfig, _merge
 from hyla.train.engine import Engine, autocast
 from hyla.train.optim import lr_at
+from hyla.train.plan import engine_for
 from hyla.train.rundir import (
     FINAL_WEIGHTS,
     append_metrics,
@@ -92,10 +93,12 @@ class Run:
 
 
 def make_engine(cfgs: list[ExperimentConfig], outs: list[Path], engine: str, device: str) -> Engine:
-    """``lone`` (one run), ``stacked`` (R >= 1 runs in one process) or ``auto`` (lone for one run)."""
+    """``lone`` (one run), ``stacked`` (R >= 1 runs in one process) or ``auto`` (:func:`engine_for`)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not valid; allowed values: {', '.join(ENGINES)}")
-    if engine == "lone" or (engine == "auto" and len(cfgs) == 1):
+    if engine == "auto":
+        engine = engine_for(cfgs)
+    if engine == "lone":
         if len(cfgs) != 1:
             raise ValueError(f"the lone engine trains one run, got {len(cfgs)}; use engine='stacked'")
         from hyla.train.lone import LoneEngine

@@ -1,9 +1,11 @@
 """The run directory's one owner: refuse or resume, ``config.yaml``, ``metrics.jsonl`` (append, truncate),
-loading a trained run for analysis and generation.
+its state (new, stopped, done), the pieces of training it records, loading a trained run for analysis
+and generation.
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one ``{"step", "split", ...}`` line
-per record), ``tb/`` (TensorBoard), ``checkpoints/`` (:mod:`hyla.train.checkpoint`). The lone and
-the stacked trainer both write through here, so their run directories are the same format.
+per record), ``made_by.jsonl`` (one line per piece of training, written by ``hyla sweep``), ``tb/``
+(TensorBoard), ``checkpoints/`` (:mod:`hyla.train.checkpoint`). The lone and the stacked trainer both
+write through here, so their run directories are the same format.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from hyla.tasks.base import Task
 from hyla.textio import append_jsonl, read_jsonl, rewrite_jsonl
 from hyla.train.build import build_model, build_task
 from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
-from hyla.train.config import ExperimentConfig, dump_config, load_config
+from hyla.train.config import ExperimentConfig, dump_config, load_config, read_config_values
 
 METRICS = "metrics.jsonl"
+#: each run's pieces: one line per piece of training, written when it starts (``ended``, ``to_step`` and
+#: ``wall_s`` null) and completed when it ends; a piece killed outright keeps its start line
+MADE_BY = "made_by.jsonl"
 #: a finished run's final weights (model only), kept beside its records when its checkpoints go
 FINAL_WEIGHTS = "model.safetensors"
 
@@ -55,6 +60,45 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
     if not path.exists():
         return
     rewrite_jsonl(path, [record for record in read_jsonl(path) if record["step"] <= step])
+
+
+def run_state(run_dir: Path) -> str:
+    """``done`` (its final evaluation is written), ``stopped`` (a checkpoint to resume) or ``new``."""
+    if (run_dir / "config.yaml").is_file() and (run_dir / METRICS).is_file():
+        steps = read_config_values(str(run_dir / "config.yaml")).get("train", {}).get("steps")
+        for row in read_jsonl(run_dir / METRICS):
+            if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
+                return "done"
+    return "stopped" if latest_checkpoint(run_dir) is not None else "new"
+
+
+def last_step(run_dir: Path) -> int:
+    """The last step ``metrics.jsonl`` records (0 for none)."""
+    path = run_dir / METRICS
+    return max((row["step"] for row in read_jsonl(path)), default=0) if path.is_file() else 0
+
+
+def start_piece_record(run_dir: Path, started: dict[str, Any]) -> None:
+    """Append the line of a piece of training as it starts (``ended``, ``to_step``, ``wall_s`` null)."""
+    append_jsonl(run_dir / MADE_BY, started)
+
+
+def finish_piece_record(run_dir: Path, started: dict[str, Any], finished: dict[str, Any]) -> None:
+    """Replace the piece's ``started`` line (the last of ``made_by.jsonl``) by ``finished``, atomically;
+    appended instead if that line is gone."""
+    path = run_dir / MADE_BY
+    records = read_jsonl(path) if path.exists() else []
+    if records and records[-1] == started:
+        records[-1] = finished
+    else:
+        records.append(finished)
+    rewrite_jsonl(path, records)
+
+
+def read_pieces(run_dir: Path) -> list[dict[str, Any]]:
+    """The pieces of training ``made_by.jsonl`` records (none if it is absent)."""
+    path = run_dir / MADE_BY
+    return read_jsonl(path) if path.is_file() else []
 
 
 def has_trained_weights(run_dir: str | Path) -> bool:

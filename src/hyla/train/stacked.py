@@ -3,7 +3,7 @@
 ``hyla train CONFIG --seeds 0,1,2 --out DIR`` (runs ``DIR/seed0`` ...), ``--sweep`` and ``hyla sweep``
 train here. Runs may differ in :data:`STACKABLE_KEYS` (seed, data seed, and the optimizer's
 hyperparameters); runs that differ in anything else are split into groups trained one after
-another (:func:`stack_groups`). Each run ``r`` of a stack
+another (:func:`hyla.train.plan.plan_groups`, by :func:`stack_key`). Each run ``r`` of a stack
 
 * is initialized exactly as the lone run with its seed (the R models are built one by one);
 * draws its problems from its own generator, seeded as the lone run's, so it sees the same data;
@@ -114,17 +114,12 @@ def check_stackable(cfgs: list[ExperimentConfig]) -> None:
             )
 
 
-def stack_groups(cfgs: list[ExperimentConfig]) -> list[list[int]]:
-    """Indices of ``cfgs`` grouped into stacks (in order of first appearance); a run that cannot be
-    stacked at all (:func:`not_stackable_reason`) forms a group of its own."""
-    groups: dict[str, list[int]] = {}
-    for i, cfg in enumerate(cfgs):
-        if not_stackable_reason(cfg):
-            groups[f"alone{i}"] = [i]
-            continue
-        key = json.dumps({k: v for k, v in sorted(_stack_view(cfg).items()) if k not in STACKABLE_KEYS})
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+def stack_key(cfg: ExperimentConfig) -> str | None:
+    """What runs that stack together share (their config but :data:`STACKABLE_KEYS`), or None for a run
+    that cannot be stacked at all (:func:`not_stackable_reason`)."""
+    if not_stackable_reason(cfg):
+        return None
+    return json.dumps({k: v for k, v in sorted(_stack_view(cfg).items()) if k not in STACKABLE_KEYS})
 
 
 # ------------------------------------------------------------------------------ the engine

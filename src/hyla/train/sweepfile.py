@@ -13,7 +13,10 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
     slurm: {partition: gpu, account: lab, qos: normal, time: 240, cpus: 8, mem_gb: 32, gpus: 1}
                               # what `hyla sweep --launcher slurm` asks of the cluster (SLURM_KEYS)
 
-``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` reads their records.
+``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` and ``hyla demo`` read them with
+their records. The reader lives here, below the analysis layer, rather than in the top-level
+:mod:`hyla.sweep` package, because the analysis reads sweep files and nothing below the commands may
+import them. The run directories' states are :mod:`hyla.train.rundir`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyla.textio import read_jsonl, read_yaml
-from hyla.train.config import CONFIG_DIR, load_config, read_config_values
+from hyla.textio import read_yaml
+from hyla.train.config import CONFIG_DIR, ExperimentConfig, load_config, parse_override_value
 
 SWEEP_DIR = CONFIG_DIR / "sweeps"
 #: the ``slurm:`` keys of a sweep file (and ``hyla sweep --slurm KEY=VALUE``): what one job asks for
@@ -69,6 +72,19 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    #: every run's config by run name, loaded once by :func:`check_run_configs` and passed down to training
+    configs: dict[str, ExperimentConfig] = field(default_factory=dict, repr=False, compare=False)
+
+    def override(self, items: list[str]) -> None:
+        """``--override key=value``: added to every run (its config, so a stopped run resumes only under the
+        same overrides); the runs' configs are checked and reloaded."""
+        for item in items:
+            if "=" not in item:
+                raise ValueError(f"--override {item!r} must look like key.sub=value")
+            key, raw = item.split("=", 1)
+            self.overrides[key.strip()] = parse_override_value(item, raw)
+        if items:
+            check_run_configs(self, "--override " + " ".join(items))
 
     def runs(self, only: list[str] | None = None, where: dict[str, list[str]] | None = None) -> list[RunSpec]:
         """Every run in order (the ``first`` rows, then by grid point, seed, row).
@@ -182,28 +198,12 @@ def check_slurm(values: Any, source: str) -> dict[str, Any]:
 
 
 def check_run_configs(sweep: Sweep, source: str) -> None:
-    """Every run's config must be valid before anything trains; an error names ``source`` (the sweep file,
-    or the ``--override`` that broke it) and the run."""
+    """Load every run's config into ``sweep.configs`` before anything trains; an error names ``source``
+    (the sweep file, or the ``--override`` that broke it) and the run."""
+    configs = {}
     for run in sweep.runs():
         try:
-            load_config(run.config, list(run.overrides))
+            configs[run.name] = load_config(run.config, list(run.overrides))
         except ValueError as err:
             raise ValueError(f"{source}: run {run.name}: {err}") from err
-
-
-# ------------------------------------------------------------------------------ run states
-def run_state(out: Path) -> str:
-    """``done`` (its final evaluation is written), ``stopped`` (a checkpoint to resume) or ``new``."""
-    from hyla.train.checkpoint import latest_checkpoint
-
-    if (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file():
-        steps = read_config_values(str(out / "config.yaml")).get("train", {}).get("steps")
-        for row in read_jsonl(out / "metrics.jsonl"):
-            if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
-                return "done"
-    return "stopped" if latest_checkpoint(out) is not None else "new"
-
-
-def last_step(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return max((row["step"] for row in read_jsonl(path)), default=0) if path.is_file() else 0
+    sweep.configs = configs

@@ -1,0 +1,109 @@
+"""``hyla sweep --dry-run``: each run's state and the minutes it has left, measured on this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from hyla.sweep.groups import Group
+from hyla.sweep.workers import worker_threads
+from hyla.train.config import ExperimentConfig
+from hyla.train.rundir import last_step
+from hyla.train.sweepfile import RunSpec
+
+
+def estimate_seconds(
+    cfg: ExperimentConfig,
+    device: str,
+    cache: dict[str, tuple[float, float]],
+    from_step: int = 0,
+    threads: int | None = None,
+) -> float:
+    """Seconds left for the run of ``cfg``: measured seconds per step (a few steps after warm-up) and
+    per evaluation, times the steps and evaluations it has left. One measurement per architecture (cached),
+    with ``threads`` intra-op threads (what a ``--jobs`` worker gets) or torch's current number."""
+    import torch
+
+    from hyla.train.loop import Trainer
+
+    arch = json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("seed", "name", "train")}, sort_keys=True)
+    if arch not in cache:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_size=512))
+            trainer = Trainer(probe, Path(tmp) / "probe", device=device, quiet=True, progress=False)
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads or threads_before)
+            try:
+                for _ in range(2):
+                    trainer.train_step()
+                trainer.check_finite()
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    trainer.train_step()
+                trainer.check_finite()
+                per_step = (time.perf_counter() - t0) / 5
+                t0 = time.perf_counter()
+                trainer.evaluate()
+                per_problem = (time.perf_counter() - t0) / (512 * len(trainer.task.splits))
+                eval_s = per_problem * cfg.train.eval_size * len(trainer.task.splits)
+            finally:
+                torch.set_num_threads(threads_before)
+                trainer.close()
+        cache[arch] = (per_step, eval_s)
+    per_step, eval_s = cache[arch]
+    t = cfg.train
+    evals = math.ceil(t.steps / t.eval_every) - from_step // t.eval_every
+    return per_step * (t.steps - from_step) + eval_s * max(evals, 0)
+
+
+def wall_seconds(costs: list[float], jobs: int) -> float:
+    """When the last of the groups costing ``costs`` seconds ends, ``jobs`` at a time, each started in order
+    on the first worker free (what ``--jobs`` does)."""
+    free_at = [0.0] * jobs
+    for cost in costs:
+        first_free = free_at.index(min(free_at))
+        free_at[first_free] += cost
+    return max(free_at)
+
+
+def dry_run(
+    name: str,
+    specs: list[RunSpec],
+    configs: dict[str, ExperimentConfig],
+    states: dict[str, str],
+    groups: list[Group],
+    root: Path,
+    device: str,
+    jobs: int,
+) -> None:
+    """Print each run's state and estimated minutes left, then the total and, with ``jobs`` > 1, the wall
+    time of ``--jobs`` over ``groups`` (each probe measured with a worker's threads, alone on the machine)."""
+    threads = worker_threads(jobs) if jobs > 1 and device == "cpu" else None
+    cache: dict[str, tuple[float, float]] = {}
+    seconds: dict[str, float] = {}
+    pending = [s for s in specs if states[s.name] != "done"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to train ({device})")
+    for s in specs:
+        if states[s.name] == "done":
+            print(f"  {s.name}: done")
+            continue
+        step = last_step(root / s.name) if states[s.name] == "stopped" else 0
+        seconds[s.name] = estimate_seconds(configs[s.name], device, cache, step, threads)
+        print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds[s.name] / 60:.1f} min")
+    total = sum(seconds.values())
+    print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
+    if jobs > 1 and pending:
+        # a stack costs about its runs one after another on a CPU (results/train_throughput.md)
+        costs = [sum(seconds[n] for n in group.names) for group in groups]
+        print(
+            f"with --jobs {jobs}: about {wall_seconds(costs, jobs) / 60:.1f} min "
+            f"({threads or 'all'} threads each; runs sharing the machine each go somewhat slower than measured alone)"
+        )
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"note: the machine was busy while measuring (load average {load:.1f}): these are overestimates")

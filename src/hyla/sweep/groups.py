@@ -1,0 +1,125 @@
+"""A sweep's pending runs as the groups they train in, and one group trained as one recorded piece.
+
+The grouping and the engine are the planner's (:mod:`hyla.train.plan`, shared with ``hyla train``); the
+run directories' states and ``made_by.jsonl`` are :mod:`hyla.train.rundir`'s. Here: what a piece records
+(commit, machine, device, steps, wall time) and the training of one group until done, a deadline or a stop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hyla.train.checkpoint import checkpoint_step
+from hyla.train.config import CONFIG_DIR, ExperimentConfig
+from hyla.train.plan import engine_for, plan_groups
+from hyla.train.rundir import finish_piece_record, start_piece_record
+from hyla.train.sweepfile import RunSpec
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs that train together (a stack, or a lone run), their loaded configs, and whether they resume."""
+
+    specs: tuple[RunSpec, ...]
+    cfgs: tuple[ExperimentConfig, ...]
+    resume: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+
+def plan_sweep(
+    specs: list[RunSpec], configs: dict[str, ExperimentConfig], states: dict[str, str], root: Path
+) -> list[Group]:
+    """``specs`` (all not done; ``states`` by name, ``configs`` by name) as the groups they train in, in
+    sweep order (:func:`hyla.train.plan.plan_groups`)."""
+    cfgs = [configs[s.name] for s in specs]
+    resume_from = [checkpoint_step(root / s.name) if states[s.name] == "stopped" else None for s in specs]
+    return [
+        Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]] is not None)
+        for g in plan_groups(cfgs, resume_from)
+    ]
+
+
+def provenance(device: str) -> dict[str, Any]:
+    """Commit, machine and device: what every piece of a run records in ``made_by.jsonl``."""
+    from hyla.bench import device_label
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=CONFIG_DIR.parent, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))
+    return {
+        "commit": commit + ("+changes" if dirty else ""),
+        "machine": f"{platform.node()} {platform.machine()} {_cpu_model()}".strip(),
+        "device": device_label(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def train_group(
+    group: Group,
+    root: Path,
+    *,
+    device: str = "cpu",
+    deadline: float | None = None,
+    quiet: bool = True,
+    stop_requested: Callable[[], bool] | None = None,
+) -> list[str]:
+    """Train one group until done, ``deadline`` (``time.monotonic()``) or ``stop_requested()`` (asked after
+    every step; the group then stops with a checkpoint); record the piece in each run's ``made_by.jsonl``
+    as it starts and complete that line as it ends; return the names finished."""
+    from hyla.train.loop import Trainer
+
+    if deadline is not None and time.monotonic() >= deadline:
+        return []
+    cfgs, outs = list(group.cfgs), [root / name for name in group.names]
+    made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
+    t0 = time.monotonic()
+    trainer = Trainer(
+        cfgs, outs, engine=engine_for(cfgs), device=device, resume=group.resume, quiet=quiet, progress=not quiet
+    )
+    started = {
+        **made,
+        "ended": None,  # null until the piece ends: one killed outright (SIGKILL) keeps it so
+        "from_step": trainer.step,  # the checkpoint's step (the metrics log may end a few steps before it)
+        "to_step": None,
+        "wall_s": None,
+        "stacked_with": len(cfgs),
+    }
+    trainer.deadline, trainer.stop_requested = deadline, stop_requested
+    try:
+        for out in outs:
+            start_piece_record(out, started)
+        trainer.run()
+    finally:
+        trainer.close()
+        ended = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        finished = {**started, "ended": ended, "to_step": trainer.step, "wall_s": round(time.monotonic() - t0, 1)}
+        for out in outs:
+            finish_piece_record(out, started, finished)
+    return group.names if trainer.step >= cfgs[0].train.steps else []

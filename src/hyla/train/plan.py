@@ -1,0 +1,34 @@
+"""Which runs train together and with which engine: the one planner of ``hyla train`` and ``hyla sweep``.
+
+Runs form one stack when the stacked engine can stack them (:func:`hyla.train.stacked.stack_key`: same
+config but seed and optimizer hyperparameters) and they start together: all new, or all resuming from
+checkpoints of the same step (a stack stopped together continues together; runs stopped at different
+steps resume one by one). A group of one run trains with the lone engine, the reference; a group of two
+or more with the stacked one (:func:`engine_for`).
+"""
+
+from __future__ import annotations
+
+from hyla.train.config import ExperimentConfig
+
+
+def engine_for(cfgs: list[ExperimentConfig]) -> str:
+    """The engine of one group of :func:`plan_groups`: ``lone`` for one run, else ``stacked``. A stack of
+    one equals its lone run bit for bit with the loop forward, so the lone engine (DDP, MoE, its own
+    CUDA graph) is the one to use."""
+    return "lone" if len(cfgs) == 1 else "stacked"
+
+
+def plan_groups(cfgs: list[ExperimentConfig], resume_from: list[int | None] | None = None) -> list[list[int]]:
+    """Indices of ``cfgs`` as the groups they train in, in order of each group's first run.
+    ``resume_from[i]``: the checkpoint step run ``i`` resumes from, None for a new run (default: all new)."""
+    from hyla.train.stacked import stack_key
+
+    starts = resume_from if resume_from is not None else [None] * len(cfgs)
+    if len(starts) != len(cfgs):
+        raise ValueError(f"resume_from must hold one step per run: {len(cfgs)} runs, {len(starts)} steps")
+    groups: dict[tuple[int | None, str | int], list[int]] = {}
+    for i, (cfg, start) in enumerate(zip(cfgs, starts)):
+        key = stack_key(cfg)
+        groups.setdefault((start, i if key is None else key), []).append(i)
+    return list(groups.values())
