@@ -33,6 +33,11 @@ def a_file(tmp_path: Path) -> Path:
     return path
 
 
+def written(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def run_with_malformed_config(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
@@ -71,6 +76,10 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "sweep whose records hold a malformed metrics line": (
         lambda t: ["sweep", str(sweep_record_with_a_malformed_middle_line(t)), "--root", str(t / "r"), "--dry-run"],
         ["hyla sweep: error: ", "hyla-seed0/metrics.jsonl:2: malformed line", "fix or delete line 2"],
+    ),
+    "sweep file without its base config": (
+        lambda t: ["sweep", str(written(t / "no_config.yaml", {"name": "x", "rows": {"hyla": {}}})), "--dry-run"],
+        ["hyla sweep: error: ", "no_config.yaml: config (the base config of the runs", "add e.g. 'config: sraven'"],
     ),
     "sweep records under a file": (
         lambda t: ["sweep", str(sweep_record_with_a_malformed_middle_line(t)), "--root", str(a_file(t))],

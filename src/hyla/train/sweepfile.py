@@ -167,9 +167,15 @@ def load_sweep(name_or_path: str) -> Sweep:
     first = spec.get("first") or []
     if not isinstance(first, list) or any(r not in rows for r in first):
         raise ValueError(f"{path}: first must list row names among: {', '.join(rows)}")
+    without_config = [r for r, overrides in rows.items() if "config" not in overrides]
+    if not spec.get("config") and without_config:
+        raise ValueError(
+            f"{path}: config (the base config of the runs: a name in configs/ or a YAML path) is missing, and "
+            f"row {without_config[0]} names none of its own; add e.g. 'config: sraven'"
+        )
     sweep = Sweep(
         name=str(spec.get("name") or path.stem),
-        config=str(spec.get("config") or "fuzzy_logic"),
+        config=str(spec.get("config") or ""),
         rows={str(k): v for k, v in rows.items()},
         grid=grid,
         seeds=seeds,
