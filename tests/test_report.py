@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hyla.analysis.paper import paper_reference
+from hyla.analysis.paper_numbers import paper_reference
 from hyla.analysis.report import build_report, group_runs, sweep_series
-from hyla.analysis.runs import load_run
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.cli import main
 from hyla.train.config import load_config
+from hyla.train.rundir import read_run
 from tiny import tiny_overrides
 
 
@@ -45,7 +45,7 @@ def test_mean_and_standard_error() -> None:
 def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None:
     runs = [fake_run(tmp_path, "h", s, ood) for s, ood in ((0, 0.6), (1, 0.7), (2, 0.8))]
     runs += [fake_run(tmp_path, "s", 0, 0.5, **{"model.attention": "softmax"})]
-    assert sorted(len(g) for g in group_runs([load_run(r) for r in runs]).values()) == [1, 3]
+    assert sorted(len(g) for g in group_runs([read_run(r) for r in runs]).values()) == [1, 3]
     table = build_report(runs, tmp_path / "out")
     se = f"{100 * 0.1 / math.sqrt(3):.2f}"
     row = f"| hyla | 3 | 90.00 +- 0.00 | 80.00 +- 0.00 | 70.00 +- {se} | 69.13 +- 1.90 | Table A1: HYLA |"
@@ -78,7 +78,7 @@ def test_one_factor_sweeps_from_a_mixed_collection(tmp_path: Path) -> None:
     runs += [fake_run(tmp_path, f"d{d}", 0, 0.7, **{"model.num_layers": d}) for d in (8, 16)]
     runs += [fake_run(tmp_path, "w2", 0, 0.8, **{"model.width_multiplier": 2})]
     runs += [fake_run(tmp_path, "s2", 0, 0.9, **{"train.steps": 312500})]
-    groups = group_runs([load_run(r) for r in runs])
+    groups = group_runs([read_run(r) for r in runs])
     assert len(groups) == 5
     build_report(runs, tmp_path / "out")
     names = {p.name for p in (tmp_path / "out").glob("ood_vs_*.png")}

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from hyla.analysis.plots import first_steps_beside_records
-from hyla.analysis.runs import Run, load_run
 from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from hyla.train.cli import failure_exit_code
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
+from hyla.train.rundir import RunRecord, read_run
 from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
 DEMO_VARIANTS = ("softmax", "linear", "hyla")
@@ -90,7 +90,7 @@ def train_and_evaluate(record: Path, run_dir: Path, steps: int, eval_size: int) 
     return {**result, "wall_s": time.perf_counter() - t0}
 
 
-def curve_agreement(yours: Run, record: Run, steps: int) -> dict[str, Any]:
+def curve_agreement(yours: RunRecord, record: RunRecord, steps: int) -> dict[str, Any]:
     """How closely your training loss follows the record's over the first ``steps``: the logged steps
     compared, how many are bit-equal and the largest relative difference."""
     mine = dict(zip(*yours.curve("train_batch", "loss")))
@@ -109,7 +109,7 @@ def lead(values: dict[str, float]) -> str:
     return max(values, key=values.__getitem__)
 
 
-def first_lasting_lead(records: dict[str, Run], leader: str) -> int | None:
+def first_lasting_lead(records: dict[str, RunRecord], leader: str) -> int | None:
     """The first evaluation step from which ``leader`` stays ahead of every other record on OOD."""
     curves = {v: dict(zip(*run.curve(SPLIT, METRIC))) for v, run in records.items()}
     steps = sorted(set.intersection(*(set(c) for c in curves.values())))
@@ -123,8 +123,8 @@ def first_lasting_lead(records: dict[str, Run], leader: str) -> int | None:
 def write_report(
     out: Path, records: dict[str, Path], results: dict[str, dict], steps: int, sweep_name: str, eval_size: int
 ) -> str:
-    runs = {v: load_run(out / v) for v in records}
-    recs = {v: load_run(path) for v, path in records.items()}
+    runs = {v: read_run(out / v) for v in records}
+    recs = {v: read_run(path) for v, path in records.items()}
     evals = {v: results[v]["eval"] for v in records}
     agree = {v: curve_agreement(runs[v], recs[v], steps) for v in records}
     final = {v: recs[v].final(SPLIT) for v in records}

@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from hyla.analysis.latent_summary import probe_markdown, require_rule_codes, run_probe, run_topsim, topsim_across_runs
 from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
-from hyla.analysis.summary import probe_markdown, require_rule_codes, run_probe, run_topsim, topsim_across_runs
 from hyla.textio import error_line
 
 

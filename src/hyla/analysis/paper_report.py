@@ -16,13 +16,12 @@ import json
 import math
 from pathlib import Path
 
-from hyla.analysis.paper import TABLE_A1, TABLE_A1_MOE
+from hyla.analysis.latent_summary import latent_section
+from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
-from hyla.analysis.runs import Run, load_run
 from hyla.analysis.stats import format_mean_se, mean_se
-from hyla.analysis.summary import latent_section
 from hyla.tasks import PaperColumn, task_entry
-from hyla.train.rundir import MADE_BY, has_trained_weights, read_pieces, run_state
+from hyla.train.rundir import MADE_BY, METRICS, RunRecord, has_trained_weights, read_pieces, read_run, run_state
 from hyla.train.sweepfile import RunSpec, Sweep, load_sweep
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
@@ -50,7 +49,7 @@ def paper_value(row: str, task: str) -> tuple[float, float] | None:
     return None if found is None else found[column]
 
 
-def _final(run: Run, split: str, metric: str) -> float | None:
+def _final(run: RunRecord, split: str, metric: str) -> float | None:
     last = run.final(split)
     steps = run.config["train"]["steps"]
     return None if last is None or last["step"] != steps or metric not in last else 100 * last[metric]
@@ -93,10 +92,10 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
     task = sweep.configs[runs[0].name].data.task
     metric, what = paper_column(task).metric, paper_column(task).title
     records = root / sweep.name
-    loaded: dict[str, Run] = {}
+    loaded: dict[str, RunRecord] = {}
     for spec in runs:
-        if (records / spec.name / "metrics.jsonl").is_file():
-            loaded[spec.name] = load_run(records / spec.name)
+        if (records / spec.name / METRICS).is_file():
+            loaded[spec.name] = read_run(records / spec.name)
     done = {name for name in loaded if run_state(records / name) == "done"}
     commits, devices, wall, unfinished = _made_by(records)
     untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
@@ -124,7 +123,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
     table = [head, "|" + "---|" * 7]
     all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
     all_points.append("|" + "---|" * (len(grid_keys) + 4))
-    chosen_runs: list[tuple[str, Run]] = []
+    chosen_runs: list[tuple[str, RunRecord]] = []
     for row in sweep.rows:
         candidates = []
         for (r, point), specs in by_point.items():
@@ -174,7 +173,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         lines += [f"![{sweep.name}: OOD over training]({figure.parent.name}/{figure.name})", ""]
     lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
     lines += [*all_points, ""]
-    trained: dict[str, list[Run]] = {}
+    trained: dict[str, list[RunRecord]] = {}
     for label, run in chosen_runs:
         if run.path.name in done and has_trained_weights(run.path):
             trained.setdefault(label, []).append(run)

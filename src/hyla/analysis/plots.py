@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hyla.analysis.runs import Run
+from hyla.train.rundir import RunRecord
 
 
 def save_figure(fig: plt.Figure, out: Path, dpi: int = 120) -> Path:
@@ -21,7 +21,7 @@ def save_figure(fig: plt.Figure, out: Path, dpi: int = 120) -> Path:
 
 
 def learning_curves(
-    runs: list[Run],
+    runs: list[RunRecord],
     metric: str,
     splits: list[str],
     out: Path,
@@ -207,8 +207,8 @@ def sraven_latent_figures(
 
 def first_steps_beside_records(
     out: Path,
-    runs: dict[str, Run],
-    records: dict[str, Run],
+    runs: dict[str, RunRecord],
+    records: dict[str, RunRecord],
     at_stop: dict[str, float],
     steps: int,
     split: str,

@@ -3,7 +3,7 @@
 Runs with the same configuration except ``seed``, ``name`` and ``train.data_seed`` form a group; the
 table gives mean +- standard error (s.e. = std / sqrt(n), ddof 1; 0 for a single run) of the final
 evaluation on every split, with the paper's Table A1 number beside it when the configuration is a
-Table A1 setting (:mod:`hyla.analysis.paper`). Figures: learning curves (one panel per evaluated
+Table A1 setting (:mod:`hyla.analysis.paper_numbers`). Figures: learning curves (one panel per evaluated
 split, one line per run); for each of ``SWEEP_KEYS`` in which the groups differ, OOD (mean +- s.e.)
 against that key per attention variant, one factor at a time (:func:`sweep_series`); with
 ``--latents N`` (default 512) the latent-code section: rule/term probe, topographic similarity (and
@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hyla.analysis.paper import paper_reference, paper_row
+from hyla.analysis.paper_numbers import paper_reference, paper_row
 from hyla.analysis.plots import learning_curves, sweep_plot
-from hyla.analysis.runs import Run, load_run
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.textio import error_line
+from hyla.train.rundir import RunRecord, read_run
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
 SWEEP_KEYS = (
@@ -46,8 +46,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
-    groups: dict[str, list[Run]] = {}
+def group_runs(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         key = json.dumps({k: v for k, v in sorted(flatten(run.config).items()) if k not in SEED_KEYS})
         groups.setdefault(key, []).append(run)
@@ -97,7 +97,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
 
     ``latents > 0`` adds the latent-code section (probe, topographic similarity, embeddings) computed
     on that many problems per split for every run with a checkpoint."""
-    runs = [load_run(p) for p in run_dirs]
+    runs = [read_run(p) for p in run_dirs]
     if not runs:
         raise ValueError("give at least one run directory")
     if latents < 0:
@@ -171,7 +171,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
     if latents and runs[0].task.latent_probe is not None:  # a task without a probe has no section
-        from hyla.analysis.summary import latent_section
+        from hyla.analysis.latent_summary import latent_section
 
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
         sections.append(
@@ -184,7 +184,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     return table
 
 
-def every_evaluation(runs: list[Run], splits: list[str], metric: str) -> str:
+def every_evaluation(runs: list[RunRecord], splits: list[str], metric: str) -> str:
     """One row per run and split, one column per evaluated step: ``metric`` in %, blank where not evaluated."""
     steps = sorted({step for run in runs for split in splits for step in run.curve(split, metric)[0]})
     lines = ["| run | split | " + " | ".join(str(s) for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
@@ -203,19 +203,19 @@ def _mean_se_cell(values: list[float]) -> str:
     return format_mean_se(*mean_se(values))
 
 
-def _perplexity_from_loss(run: Run) -> Run:
+def _perplexity_from_loss(run: RunRecord) -> RunRecord:
     """``run`` with ``ppl = exp(loss)`` in every row that has a loss: runs logged before 2026-11-23 give
     ``ppl`` as the mean of per-sequence perplexities, which is larger than the split's perplexity."""
     rows = [{**m, "ppl": math.exp(m["loss"])} if "loss" in m else m for m in run.metrics]
-    return Run(run.path, run.config, rows)
+    return RunRecord(run.path, run.config, rows)
 
 
-def _tokens(run: Run, step: int) -> int:
+def _tokens(run: RunRecord, step: int) -> int:
     """Training tokens after ``step`` updates (the batch is global: every process's share together)."""
     return step * run.config["train"]["batch_size"] * run.config["data"]["seq_len"]
 
 
-def _text_report(runs: list[Run], groups: dict[str, list[Run]], varying: list[str], out: Path) -> str:
+def _text_report(runs: list[RunRecord], groups: dict[str, list[RunRecord]], varying: list[str], out: Path) -> str:
     """Language-model runs: perplexity (exp of the mean loss per token) table and validation curves."""
     columns = ("final val ppl", "best val ppl", "final train ppl")
     rows = []

@@ -31,7 +31,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class PaperColumn:
-    """Where a task's runs stand in the paper's Table A1 (``hyla.analysis.paper``)."""
+    """Where a task's runs stand in the paper's Table A1 (``hyla.analysis.paper_numbers``)."""
 
     index: int  # the column of Table A1, also the order of the tasks in reports
     metric: str  # the metric it reports (on ``ood``)
@@ -70,7 +70,7 @@ class Task(ABC):
     generates_text: ClassVar[bool] = False
     #: help of its ``hyla data`` subcommand (None: not exported)
     export_help: ClassVar[str | None] = None
-    #: the latent-code probe its analysis runs (``hyla.analysis.summary``): "rule" (labels
+    #: the latent-code probe its analysis runs (``hyla.analysis.latent_summary``): "rule" (labels
     #: ``query_rule``, fit on ``test``, scored on ``ood``; also topographic similarity and pictures),
     #: "term" (labels ``terms``, ridge on ``test``) or None (no latent-code analysis)
     latent_probe: ClassVar[str | None] = None

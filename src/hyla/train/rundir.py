@@ -10,12 +10,14 @@ write through here, so their run directories are the same format.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hyla.models import Transformer
+from hyla.tasks import task_entry
 from hyla.tasks.base import Task
-from hyla.textio import append_jsonl, read_jsonl, rewrite_jsonl
+from hyla.textio import FileFormatError, append_jsonl, read_jsonl, read_yaml, rewrite_jsonl
 from hyla.train.build import build_model, build_task
 from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
 from hyla.train.config import ExperimentConfig, dump_config, load_config, read_config_values
@@ -128,3 +130,51 @@ def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transform
         weights = load_checkpoint(ckpt).model
     model.load_state_dict(weights)
     return cfg, task, model.eval()
+
+
+# ------------------------------------------------------------------------------ records read back
+@dataclass
+class RunRecord:
+    """A run directory as read back: its resolved config and every line of its ``metrics.jsonl``."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def label(self) -> str:
+        """The config's run name (``--seeds`` runs differ in it, not in their ``seedN`` folders)."""
+        return str(self.config.get("name") or self.path.name)
+
+    def curve(self, split: str, metric: str) -> tuple[list[int], list[float]]:
+        rows = [m for m in self.metrics if m["split"] == split and metric in m]
+        return [m["step"] for m in rows], [m[metric] for m in rows]
+
+    def final(self, split: str) -> dict[str, Any] | None:
+        rows = [m for m in self.metrics if m["split"] == split]
+        return rows[-1] if rows else None
+
+    @property
+    def task(self) -> type[Task]:
+        """The class of the run's task (what it measures, how it is analysed)."""
+        return task_entry(self.config["data"]["task"]).task
+
+    @property
+    def primary_metric(self) -> str:
+        return self.task.primary_metric
+
+
+def read_run(path: str | Path) -> RunRecord:
+    """The records of the run directory ``path``; a damaged file is an error naming it and its line."""
+    path = Path(path)
+    cfg_path, metrics_path = path / "config.yaml", path / METRICS
+    if not cfg_path.is_file() or not metrics_path.is_file():
+        raise ValueError(f"{path} is not a run directory (needs config.yaml and metrics.jsonl)")
+    config = read_yaml(cfg_path)
+    if not isinstance(config, dict):
+        raise FileFormatError(f"{cfg_path}: not a run's resolved config (a mapping); restore it from the run")
+    return RunRecord(path, config, read_jsonl(metrics_path))

@@ -15,19 +15,19 @@ from typing import Any
 from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
-from hyla.analysis.runs import Run, load_run
 from hyla.tasks import REGISTRY, task_entry
+from hyla.train.rundir import RunRecord, read_run
 
 
 def latent_probe(run_dir: str | Path) -> str | None:
     """The latent-code probe of a run's task (:attr:`hyla.tasks.base.Task.latent_probe`)."""
-    return task_entry(load_run(run_dir).config["data"]["task"]).task.latent_probe
+    return task_entry(read_run(run_dir).config["data"]["task"]).task.latent_probe
 
 
 def require_rule_codes(run_dir: str | Path, what: str) -> None:
     """Raise unless the run's task has rule codes (``latent_probe == "rule"``), which ``what`` needs."""
     if latent_probe(run_dir) != "rule":
-        task = load_run(run_dir).config["data"]["task"]
+        task = read_run(run_dir).config["data"]["task"]
         tasks = " or ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe == "rule")
         raise ValueError(f"{run_dir} is a {task} run; {what} {tasks} runs")
 
@@ -73,7 +73,7 @@ def run_topsim(
 ) -> dict[str, object]:
     """Topographic similarity (both task distances) of a SRAVEN run's task codes, and its final OOD acc."""
     require_rule_codes(run_dir, "topographic similarity needs")
-    run = load_run(run_dir)
+    run = read_run(run_dir)
     lat = latents if latents is not None else collect_latents(run_dir, split, num)
     codes, rules = comp.task_codes(lat)
     entry: dict[str, object] = {"run": str(run_dir), "split": split}
@@ -96,7 +96,7 @@ def analyze_run(
     """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once."""
     from hyla.analysis.plots import sraven_latent_figures
 
-    task = load_run(run_dir).config["data"]["task"]
+    task = read_run(run_dir).config["data"]["task"]
     lat = {"test": collect_latents(run_dir, "test", num)}
     out: dict[str, object] = {"run": str(run_dir), "task": task}
     if latent_probe(run_dir) == "rule":
@@ -113,7 +113,7 @@ def _slug(text: str) -> str:
 
 
 def latent_section(
-    groups: dict[str, list[Run]], labels: dict[str, str], out: Path, num: int, permutations: int
+    groups: dict[str, list[RunRecord]], labels: dict[str, str], out: Path, num: int, permutations: int
 ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
     trained weights (final, else its latest checkpoint; figures for the first run of each configuration)."""
