@@ -24,6 +24,7 @@ from hyla.analysis.paper_numbers import paper_reference, paper_row
 from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.textio import error_line
+from hyla.train.config import config_key, flat_config
 from hyla.train.rundir import RunRecord, read_run
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
@@ -36,32 +37,22 @@ SWEEP_KEYS = (
 )
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def group_runs(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
-        key = json.dumps({k: v for k, v in sorted(flatten(run.config).items()) if k not in SEED_KEYS})
+        key = config_key(flat_config(run.config), SEED_KEYS)
         groups.setdefault(key, []).append(run)
     return groups
 
 
 def _label(config: dict[str, Any], varying: list[str]) -> str:
-    flat = flatten(config)
+    flat = flat_config(config)
     parts = [f"{k.split('.')[-1]}={flat[k]}" for k in varying if k != "model.attention"]
     return flat["model.attention"] + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _sweep_x(config: dict[str, Any], key: str) -> float:
-    flat = flatten(config)
+    flat = flat_config(config)
     if key == "train.steps":  # the data axis: problems seen = steps * batch size
         return flat["train.steps"] * flat["train.batch_size"]
     return flat[key]
@@ -76,7 +67,7 @@ def sweep_series(summary: list[dict[str, Any]], key: str, varying: list[str]) ->
     Groups enter when every *other* varying key (besides the attention) has its most common value over
     the groups, so a Fig. 4-style collection (base, deeper, wider, more data) gives one sweep per axis."""
     others = [k for k in varying if k not in (key, "model.attention")]
-    flats = [flatten(e["config"]) for e in summary]
+    flats = [flat_config(e["config"]) for e in summary]
     base = {}
     for k in others:
         values = [json.dumps(f.get(k)) for f in flats]
@@ -85,7 +76,7 @@ def sweep_series(summary: list[dict[str, Any]], key: str, varying: list[str]) ->
     at_base = [all(json.dumps(f.get(k)) == base[k] for k in others) for f in flats]
     chosen = [e for e, ok in zip(summary, at_base) if ok and "ood" in e]
     for e in sorted(chosen, key=lambda e: _sweep_x(e["config"], key)):
-        xs, ms, ses = series.setdefault(flatten(e["config"])["model.attention"], ([], [], []))
+        xs, ms, ses = series.setdefault(flat_config(e["config"])["model.attention"], ([], [], []))
         xs.append(_sweep_x(e["config"], key))
         ms.append(e["ood"][0])
         ses.append(e["ood"][1])
@@ -110,7 +101,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     if perplexity:
         runs = [_perplexity_from_loss(r) for r in runs]
     groups = group_runs(runs)
-    flat_keys = [flatten(json.loads(k)) for k in groups]
+    flat_keys = [flat_config(json.loads(k)) for k in groups]
     varying = sorted({k for f in flat_keys for k in f if len({json.dumps(g.get(k)) for g in flat_keys}) > 1})
     if perplexity:
         return _text_report(runs, groups, varying, out)

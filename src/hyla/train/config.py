@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import json
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,3 +337,17 @@ def load_config(name_or_path: str, overrides: list[str] | None = None) -> Experi
 
 def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config mapping as dotted keys: ``{"model": {"attention": "hyla"}}`` as ``{"model.attention": ...}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flat_config(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def config_key(flat: dict[str, Any], ignore: Collection[str]) -> str:
+    """One string per flat config but the keys ``ignore``: configs that differ only there share it (runs
+    that stack, seeds of one setting in a report)."""
+    return json.dumps({k: v for k, v in sorted(flat.items()) if k not in ignore})

@@ -29,7 +29,6 @@ reordering with vmap (``tests/test_stacked.py``).
 from __future__ import annotations
 
 import copy
-import json
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
 from hyla.tasks import task_entry
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model
-from hyla.train.config import ExperimentConfig
+from hyla.train.config import ExperimentConfig, config_key, flat_config
 from hyla.train.engine import Engine, EngineGraph, eval_mode
 from hyla.train.optim import StackedAdamW, decayed_parameter_names
 
@@ -72,16 +71,9 @@ def stack_forward_mode(setting: str, device: torch.device | str) -> str:
 
 
 # ------------------------------------------------------------------------------ which runs stack
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def _stack_view(cfg: ExperimentConfig) -> dict[str, Any]:
     """The flat config, with the split seed resolved: runs whose split follows their seed share no task."""
-    return {**_flat(cfg.to_dict()), "data.split_seed": cfg.split_seed}
+    return {**flat_config(cfg.to_dict()), "data.split_seed": cfg.split_seed}
 
 
 def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
@@ -119,7 +111,7 @@ def stack_key(cfg: ExperimentConfig) -> str | None:
     that cannot be stacked at all (:func:`not_stackable_reason`)."""
     if not_stackable_reason(cfg):
         return None
-    return json.dumps({k: v for k, v in sorted(_stack_view(cfg).items()) if k not in STACKABLE_KEYS})
+    return config_key(_stack_view(cfg), STACKABLE_KEYS)
 
 
 # ------------------------------------------------------------------------------ the engine
