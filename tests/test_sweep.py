@@ -105,7 +105,7 @@ def test_bad_sweeps_fail_naming_the_field(tmp_path: Path, capsys: pytest.Capture
     bad.write_text("name: x\nrowz: {}\n")
     assert main(["sweep", str(bad), "--dry-run"]) == 2
     assert "unknown sweep field rowz" in capsys.readouterr().err
-    bad.write_text("name: x\nrows: {a: {model.attention: nope}}\n")
+    bad.write_text("name: x\nconfig: fuzzy_logic\nrows: {a: {model.attention: nope}}\n")
     assert main(["sweep", str(bad), "--dry-run"]) == 2
     assert "run a-seed0" in capsys.readouterr().err
 

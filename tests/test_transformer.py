@@ -155,8 +155,10 @@ def test_relative_position_span_follows_the_config_or_the_sequence_length() -> N
         c = build_model(cfg, build_task(cfg)).cfg
         return c.relative_position_buckets, c.relative_position_max_distance
 
-    assert span() == (32, 32)  # the sequence length of the fuzzy-logic task
-    assert span("model.relative_position_buckets=128", "model.relative_position_max_distance=128") == (128, 128)
+    unset = ("model.relative_position_buckets=null", "model.relative_position_max_distance=null")
+    assert span(*unset) == (32, 32)  # the sequence length of the fuzzy-logic task
+    assert span() == (128, 128)  # configs/fuzzy_logic.yaml: the authors' 128
+    assert span("model.relative_position_buckets=16", "model.relative_position_max_distance=20") == (16, 20)
     lone = Transformer(TransformerConfig(input_dim=3))
     assert (lone.cfg.relative_position_buckets, lone.cfg.relative_position_max_distance) == (64, 64)
     with pytest.raises(ValueError, match="relative_position_buckets must be >= 1 or null"):
