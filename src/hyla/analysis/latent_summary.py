@@ -18,6 +18,9 @@ from hyla.analysis.probes import rule_probe, term_probe
 from hyla.tasks import REGISTRY, task_entry
 from hyla.train.rundir import RunRecord, read_run
 
+#: the splits whose codes are drawn: training tasks (in-distribution) and held-out tasks
+FIGURE_SPLITS = ("test", "ood")
+
 
 def latent_probe(run_dir: str | Path) -> str | None:
     """The latent-code probe of a run's task (:attr:`hyla.tasks.base.Task.latent_probe`)."""
@@ -93,7 +96,11 @@ def topsim_across_runs(entries: list[dict]) -> dict[str, dict]:
 def analyze_run(
     run_dir: str | Path, num: int, permutations: int = 1000, figures_dir: Path | None = None, prefix: str = ""
 ) -> dict[str, object]:
-    """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once."""
+    """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once.
+
+    SRAVEN figures (Fig. 5B/5E), with ``figures_dir``: :func:`~hyla.analysis.plots.sraven_latent_figures` of
+    the training tasks' codes (``{prefix}test_*.png``) and of the held-out tasks' (``{prefix}ood_*.png``);
+    their names in ``result["figures"]``, by split."""
     from hyla.analysis.plots import sraven_latent_figures
 
     task = read_run(run_dir).config["data"]["task"]
@@ -103,9 +110,34 @@ def analyze_run(
         lat["ood"] = collect_latents(run_dir, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
-            out["figures"] = [p.name for p in sraven_latent_figures(lat["ood"], figures_dir, prefix)]
+            out["figures"] = {
+                split: [p.name for p in sraven_latent_figures(lat[split], figures_dir, f"{prefix}{split}_")]
+                for split in FIGURE_SPLITS
+            }
     out["probe"] = run_probe(run_dir, num, lat)
     return out
+
+
+SPLIT_TITLES = {"test": "training tasks (ID)", "ood": "held-out tasks (OOD)"}
+
+
+def figure_lines(results: list[dict[str, Any]], names: list[str], link_prefix: str = "") -> list[str]:
+    """Markdown of :func:`latent_section`'s figures ``names``: the SRAVEN code figures of its ``results`` in a
+    table, one column per run that drew them (HYLA beside softmax) and one row per split and picture, then
+    the other figures; links are ``link_prefix + name``."""
+    drawn = [res for res in results if res.get("figures")]
+    in_table = {name for res in drawn for split_names in res["figures"].values() for name in split_names}
+    lines = []
+    if drawn:
+        lines += ["| | " + " | ".join(f"{res['label']} ({res['name']})" for res in drawn) + " |"]
+        lines += ["|---|" + "---|" * len(drawn)]
+        for split in FIGURE_SPLITS:
+            for i, first in enumerate(drawn[0]["figures"][split]):
+                picture = first.rsplit(f"{split}_", 1)[-1].removesuffix(".png").replace("_", " ")
+                cells = [f"![{res['figures'][split][i]}]({link_prefix}{res['figures'][split][i]})" for res in drawn]
+                lines += [f"| {SPLIT_TITLES[split]}: {picture} | " + " | ".join(cells) + " |"]
+        lines += [""]
+    return lines + [f"![{name}]({link_prefix}{name})" for name in names if name not in in_table]
 
 
 def _slug(text: str) -> str:
@@ -117,7 +149,7 @@ def latent_section(
 ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
     trained weights (final, else its latest checkpoint; figures for the first run of each configuration)."""
-    from hyla.analysis.plots import scatter_plot
+    from hyla.analysis.plots import probe_by_layer_plot, scatter_plot
     from hyla.train.rundir import has_trained_weights
 
     results, figures = [], []
@@ -129,7 +161,7 @@ def latent_section(
             prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
             res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
             res["label"], res["name"] = labels[key], r.name
-            figures += res.get("figures", [])
+            figures += [name for names in res.get("figures", {}).values() for name in names]
             drawn = True
             results.append(res)
     if not results:
@@ -172,6 +204,16 @@ def latent_section(
                 f"| {res['label']} | {res['name']} | {cells} | {100 * layers['all']['ood_acc']:.1f} "
                 f"| {100 * res['probe']['chance']:.1f} |"
             )
+        name = "probe_by_layer.png"
+        probe_by_layer_plot(
+            {
+                f"{res['label']}/{res['name']}": [100 * v["ood_acc"] for v in res["probe"]["layers"].values()]
+                for res in results
+            },
+            100 * sum(res["probe"]["chance"] for res in results) / len(results),  # same OOD tasks: nearly equal
+            out / name,
+        )
+        figures.append(name)
         across = topsim_across_runs([res["topsim"] for res in results])
         lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
         for kind, c in across.items():
