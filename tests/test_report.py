@@ -126,6 +126,7 @@ def test_report_on_trained_runs_with_latent_section(trained_runs: list[Path], tm
     assert "| hyla | 2 |" in text and "| softmax | 1 |" in text  # seeds pooled, paper column empty ("-")
     assert "## Latent code" in text and text.count("| hyla | hyla_") == 4  # probe table, per-layer table
     assert "| configuration | run | layer 0 | all | chance |" in text  # Fig. 5F: one row per run
+    assert text.count("| final |") == 3  # finished runs: their final weights, and the table says so
     assert "| softmax | softmax_0 |" in text
     assert "- slots:" in text and "over 3 runs" in text  # topographic similarity against OOD acc, 3 runs
     pngs = {p.name for p in out.glob("*.png")}

@@ -16,7 +16,7 @@ from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.tasks import REGISTRY, task_entry
-from hyla.train.rundir import RunRecord, read_run
+from hyla.train.rundir import RunRecord, read_run, trained_weights_label
 
 #: the splits whose codes are drawn: training tasks (in-distribution) and held-out tasks
 FIGURE_SPLITS = ("test", "ood")
@@ -105,7 +105,7 @@ def analyze_run(
 
     task = read_run(run_dir).config["data"]["task"]
     lat = {"test": collect_latents(run_dir, "test", num)}
-    out: dict[str, object] = {"run": str(run_dir), "task": task}
+    out: dict[str, object] = {"run": str(run_dir), "task": task, "weights": trained_weights_label(run_dir)}
     if latent_probe(run_dir) == "rule":
         lat["ood"] = collect_latents(run_dir, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
@@ -168,21 +168,22 @@ def latent_section(
         return ["No run has trained weights or a checkpoint: no latent-code analysis."], [], []
     if task_entry(str(results[0]["task"])).task.latent_probe == "rule":
         lines = [
-            f"Final weights (else the latest checkpoint) of each run; codes of {num} problems of training "
-            f"tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe (all layers): logistic "
-            "regression fit on the first, scored on the second; chance = most frequent OOD rule; "
+            "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
+            f"{num} problems of training tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe "
+            "(all layers): logistic regression fit on the first, scored on the second; chance = most frequent "
+            "OOD rule; "
             "control = fit on shuffled labels. Topographic similarity on the `ood` task codes: Spearman "
             "rho with the `slots` / `semantic` task distance, permutation p-value (`latents.json` has every "
             "layer).",
             "",
-            "| configuration | run | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
+            "| configuration | run | weights | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
             "| shuffled control (%) | topsim rho slots (p) | topsim rho semantic (p) |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for res in results:
             pr, ts, every = res["probe"], res["topsim"], res["probe"]["layers"]["all"]
             lines.append(
-                f"| {res['label']} | {res['name']} | {100 * ts['ood_acc']:.2f} "
+                f"| {res['label']} | {res['name']} | {res['weights']} | {100 * ts['ood_acc']:.2f} "
                 f"| {100 * every['ood_acc']:.1f} "
                 f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
                 f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
@@ -232,15 +233,16 @@ def latent_section(
             figures.append(name)
     else:
         lines = [
-            f"Final weights (else the latest checkpoint) of each run; codes of {num} sequences of training "
-            "combinations (`test`). Term probe: ridge R^2 of the +-1 term literals from the code pooled over context "
+            "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
+            f"{num} sequences of training combinations (`test`). Term probe: ridge R^2 of the +-1 term "
+            "literals from the code pooled over context "
             "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
             "",
-            "| configuration | run | term probe R^2 | shuffled control |",
-            "|---|---|---|---|",
+            "| configuration | run | weights | term probe R^2 | shuffled control |",
+            "|---|---|---|---|---|",
         ]
         for res in results:
             pr = res["probe"]
             r2, ctl = pr["r2"], pr["shuffled_label_r2"]
-            lines.append(f"| {res['label']} | {res['name']} | {r2:.3f} | {ctl:.3f} |")
+            lines.append(f"| {res['label']} | {res['name']} | {res['weights']} | {r2:.3f} | {ctl:.3f} |")
     return lines, figures, results
