@@ -93,14 +93,9 @@ def authors_commit(code: Path, mirror: Path | None) -> str | None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{platform.system()} {platform.release()}, {os.cpu_count()} CPU cores ({cpu}), no GPU"
+    from hyla.runtime import cpu_model  # here: importing hyla imports torch, which collecting does not need
+
+    return f"{platform.system()} {platform.release()}, {os.cpu_count()} CPU cores ({cpu_model()}), no GPU"
 
 
 def collect(authors_logs: Path, ours_runs: Path, steps: int) -> list[dict[str, Any]]:

@@ -333,6 +333,25 @@ def test_cpu_allocator_tuning_applies_on_glibc_and_can_be_turned_off(monkeypatch
     assert tune_cpu_allocator() is expected
 
 
+def test_cpuinfo_field_reads_the_first_line_of_a_key_and_none_for_unknown_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from hyla import runtime
+
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(
+        "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
+    )
+    monkeypatch.setattr(runtime, "CPUINFO", fake)
+    assert runtime.cpuinfo_field("model name") == "Test CPU 9000"
+    assert runtime.cpuinfo_field("flags") == "fpu avx2"
+    assert runtime.cpuinfo_field("no such key") is None
+    assert runtime.cpu_model() == "Test CPU 9000"
+    fake.unlink()  # not Linux: the platform module's guess, never an empty name
+    assert runtime.cpuinfo_field("model name") is None
+    assert runtime.cpu_model()
+
+
 def test_fused_cpu_custom_op_passes_opcheck() -> None:
     """Schema, fake tensor, autograd registration and AOT dispatch of ``hyla::fused_cpu_attention``."""
     gen = torch.Generator().manual_seed(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -109,5 +110,8 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
     assert "| configuration | run | layer 0 | layer 1 | all | chance |" in section
     for row in ("softmax", "hyla"):
         assert f"| {row} | {row}-lr0.001-seed0 |" in section
-    figures = [line[line.index("(") + 1 : -1] for line in section.splitlines() if line.startswith("![")]
+    figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", section)
     assert figures and all((tmp_path / "out" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
+    # Fig. 5B/5E: training and held-out tasks' codes, softmax beside HYLA in one table row per picture
+    table = [line for line in section.splitlines() if line.startswith("| training tasks (ID)") or "(OOD)" in line]
+    assert len(table) == 6 and all(line.count("![") == 2 for line in table)

@@ -126,6 +126,7 @@ def test_report_on_trained_runs_with_latent_section(trained_runs: list[Path], tm
     assert "| hyla | 2 |" in text and "| softmax | 1 |" in text  # seeds pooled, paper column empty ("-")
     assert "## Latent code" in text and text.count("| hyla | hyla_") == 4  # probe table, per-layer table
     assert "| configuration | run | layer 0 | all | chance |" in text  # Fig. 5F: one row per run
+    assert text.count("| final |") == 3  # finished runs: their final weights, and the table says so
     assert "| softmax | softmax_0 |" in text
     assert "- slots:" in text and "over 3 runs" in text  # topographic similarity against OOD acc, 3 runs
     pngs = {p.name for p in out.glob("*.png")}
@@ -133,13 +134,18 @@ def test_report_on_trained_runs_with_latent_section(trained_runs: list[Path], tm
     assert pngs == {
         "learning_curves.png",
         "topsim_vs_ood.png",
+        "probe_by_layer.png",
         *(
-            f"{v}_{v}_0_{f}"
+            f"{v}_{v}_0_{split}_{f}"
             for v in ("hyla", "softmax")
+            for split in ("test", "ood")
             for f in ("latents_pca.png", "latents_tsne.png", "mean_code_per_rule.png")
         ),
     }
     assert all(f"![{name}]({name})" in text for name in pngs)
+    # the code figures side by side: one column per configuration's first run, one row per split and picture
+    assert "| | hyla (hyla_0) | softmax (softmax_0) |" in text
+    assert "| held-out tasks (OOD): latents tsne | ![hyla_hyla_0_ood_latents_tsne.png]" in text
     results = json.loads((out / "latents.json").read_text())
     assert len(results) == 3 and all(0 <= r["probe"]["layers"]["all"]["ood_acc"] <= 1 for r in results)
 

@@ -11,7 +11,7 @@ import torch
 from hyla.cli import main
 from hyla.train.build import build_model
 from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from hyla.train.rundir import FINAL_WEIGHTS, load_trained
+from hyla.train.rundir import FINAL_WEIGHTS, load_trained, trained_weights_label
 from tiny import tiny_overrides
 
 
@@ -20,9 +20,10 @@ def test_a_finished_run_keeps_its_weights_and_loads_without_checkpoints(tmp_path
     args = ["train", "sraven", *tiny_overrides(steps=6, every=3), "--out", str(run), "--quiet"]
     assert main([*args, "--stop-at-step", "3"]) == 0
     assert not (run / FINAL_WEIGHTS).exists()  # stopped early: only checkpoints
+    assert trained_weights_label(run) == "checkpoint at step 3"
     assert main([*args, "--resume"]) == 0
     final = load_checkpoint(latest_checkpoint(run))
-    assert final.step == 6 and (run / FINAL_WEIGHTS).is_file()
+    assert final.step == 6 and (run / FINAL_WEIGHTS).is_file() and trained_weights_label(run) == "final"
     shutil.rmtree(run / "checkpoints")  # what a finished sweep record keeps
     cfg, task, model = load_trained(run)
     assert not model.training and cfg.train.steps == 6
@@ -38,8 +39,9 @@ def test_loading_a_folder_without_weights_names_what_is_missing(tmp_path: Path) 
     assert main(["train", "sraven", *tiny_overrides(steps=2, every=2), "--out", str(run), "--quiet"]) == 0
     shutil.rmtree(run / "checkpoints")
     (run / FINAL_WEIGHTS).unlink()
-    with pytest.raises(ValueError, match="neither final weights"):
-        load_trained(run)
+    for read in (load_trained, trained_weights_label):
+        with pytest.raises(ValueError, match="neither final weights"):
+            read(run)
     (run / FINAL_WEIGHTS).write_bytes(b"torn")
     with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable"):
         load_trained(run)

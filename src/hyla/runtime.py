@@ -1,17 +1,21 @@
-"""Process-level settings for the ``hyla`` command line (not applied on ``import hyla``)."""
+"""Process-level settings for the ``hyla`` command line (not applied on ``import hyla``), and the facts
+about this machine's CPU that records and caches name."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import platform
 import sys
+from pathlib import Path
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 #: glibc refuses an mmap threshold above half its heap size (32 MiB on 64-bit)
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 2**30
+CPUINFO = Path("/proc/cpuinfo")
 
 
 def tune_cpu_allocator() -> bool:
@@ -41,3 +45,22 @@ def tune_cpu_allocator() -> bool:
     ok_mmap = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     ok_trim = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     return bool(ok_mmap and ok_trim)
+
+
+def cpuinfo_field(name: str) -> str | None:
+    """The value on the first ``name`` line of :data:`CPUINFO` (``"model name"``, ``"flags"``), or None where there
+    is no such line or file (not Linux)."""
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name, e.g. ``"AMD EPYC 7B13"``; ``platform`` 's guess off Linux."""
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()

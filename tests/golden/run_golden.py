@@ -18,7 +18,6 @@ other dispatch paths: ``ATEN_CPU_CAPABILITY=default make test-portable``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -115,15 +114,10 @@ def train(name: str, out: Path) -> None:
 
 def cpu_fingerprint() -> dict[str, str]:
     """The CPU's model name and a hash of its feature flags."""
-    cpu = {"model": platform.processor() or platform.machine(), "flags": ""}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                cpu["model"] = value.strip()
-            elif key.strip() == "flags":
-                cpu["flags"] = hashlib.sha256(value.strip().encode()).hexdigest()[:16]
-    return cpu
+    from hyla.runtime import cpu_model, cpuinfo_field  # here: importing hyla imports torch
+
+    flags = cpuinfo_field("flags")
+    return {"model": cpu_model(), "flags": hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else ""}
 
 
 def fingerprint() -> dict[str, object]:

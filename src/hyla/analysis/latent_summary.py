@@ -16,7 +16,10 @@ from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.tasks import REGISTRY, task_entry
-from hyla.train.rundir import RunRecord, read_run
+from hyla.train.rundir import RunRecord, read_run, trained_weights_label
+
+#: the splits whose codes are drawn: training tasks (in-distribution) and held-out tasks
+FIGURE_SPLITS = ("test", "ood")
 
 
 def latent_probe(run_dir: str | Path) -> str | None:
@@ -93,19 +96,48 @@ def topsim_across_runs(entries: list[dict]) -> dict[str, dict]:
 def analyze_run(
     run_dir: str | Path, num: int, permutations: int = 1000, figures_dir: Path | None = None, prefix: str = ""
 ) -> dict[str, object]:
-    """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once."""
+    """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once.
+
+    SRAVEN figures (Fig. 5B/5E), with ``figures_dir``: :func:`~hyla.analysis.plots.sraven_latent_figures` of
+    the training tasks' codes (``{prefix}test_*.png``) and of the held-out tasks' (``{prefix}ood_*.png``);
+    their names in ``result["figures"]``, by split."""
     from hyla.analysis.plots import sraven_latent_figures
 
     task = read_run(run_dir).config["data"]["task"]
     lat = {"test": collect_latents(run_dir, "test", num)}
-    out: dict[str, object] = {"run": str(run_dir), "task": task}
+    out: dict[str, object] = {"run": str(run_dir), "task": task, "weights": trained_weights_label(run_dir)}
     if latent_probe(run_dir) == "rule":
         lat["ood"] = collect_latents(run_dir, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
-            out["figures"] = [p.name for p in sraven_latent_figures(lat["ood"], figures_dir, prefix)]
+            out["figures"] = {
+                split: [p.name for p in sraven_latent_figures(lat[split], figures_dir, f"{prefix}{split}_")]
+                for split in FIGURE_SPLITS
+            }
     out["probe"] = run_probe(run_dir, num, lat)
     return out
+
+
+SPLIT_TITLES = {"test": "training tasks (ID)", "ood": "held-out tasks (OOD)"}
+
+
+def figure_lines(results: list[dict[str, Any]], names: list[str], link_prefix: str = "") -> list[str]:
+    """Markdown of :func:`latent_section`'s figures ``names``: the SRAVEN code figures of its ``results`` in a
+    table, one column per run that drew them (HYLA beside softmax) and one row per split and picture, then
+    the other figures; links are ``link_prefix + name``."""
+    drawn = [res for res in results if res.get("figures")]
+    in_table = {name for res in drawn for split_names in res["figures"].values() for name in split_names}
+    lines = []
+    if drawn:
+        lines += ["| | " + " | ".join(f"{res['label']} ({res['name']})" for res in drawn) + " |"]
+        lines += ["|---|" + "---|" * len(drawn)]
+        for split in FIGURE_SPLITS:
+            for i, first in enumerate(drawn[0]["figures"][split]):
+                picture = first.rsplit(f"{split}_", 1)[-1].removesuffix(".png").replace("_", " ")
+                cells = [f"![{res['figures'][split][i]}]({link_prefix}{res['figures'][split][i]})" for res in drawn]
+                lines += [f"| {SPLIT_TITLES[split]}: {picture} | " + " | ".join(cells) + " |"]
+        lines += [""]
+    return lines + [f"![{name}]({link_prefix}{name})" for name in names if name not in in_table]
 
 
 def _slug(text: str) -> str:
@@ -117,7 +149,7 @@ def latent_section(
 ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
     trained weights (final, else its latest checkpoint; figures for the first run of each configuration)."""
-    from hyla.analysis.plots import scatter_plot
+    from hyla.analysis.plots import probe_by_layer_plot, scatter_plot
     from hyla.train.rundir import has_trained_weights
 
     results, figures = [], []
@@ -129,28 +161,29 @@ def latent_section(
             prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
             res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
             res["label"], res["name"] = labels[key], r.name
-            figures += res.get("figures", [])
+            figures += [name for names in res.get("figures", {}).values() for name in names]
             drawn = True
             results.append(res)
     if not results:
         return ["No run has trained weights or a checkpoint: no latent-code analysis."], [], []
     if task_entry(str(results[0]["task"])).task.latent_probe == "rule":
         lines = [
-            f"Final weights (else the latest checkpoint) of each run; codes of {num} problems of training "
-            f"tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe (all layers): logistic "
-            "regression fit on the first, scored on the second; chance = most frequent OOD rule; "
+            "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
+            f"{num} problems of training tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe "
+            "(all layers): logistic regression fit on the first, scored on the second; chance = most frequent "
+            "OOD rule; "
             "control = fit on shuffled labels. Topographic similarity on the `ood` task codes: Spearman "
             "rho with the `slots` / `semantic` task distance, permutation p-value (`latents.json` has every "
             "layer).",
             "",
-            "| configuration | run | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
+            "| configuration | run | weights | OOD acc (%) | rule probe OOD acc (%) | chance (%) "
             "| shuffled control (%) | topsim rho slots (p) | topsim rho semantic (p) |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for res in results:
             pr, ts, every = res["probe"], res["topsim"], res["probe"]["layers"]["all"]
             lines.append(
-                f"| {res['label']} | {res['name']} | {100 * ts['ood_acc']:.2f} "
+                f"| {res['label']} | {res['name']} | {res['weights']} | {100 * ts['ood_acc']:.2f} "
                 f"| {100 * every['ood_acc']:.1f} "
                 f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
                 f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
@@ -172,6 +205,16 @@ def latent_section(
                 f"| {res['label']} | {res['name']} | {cells} | {100 * layers['all']['ood_acc']:.1f} "
                 f"| {100 * res['probe']['chance']:.1f} |"
             )
+        name = "probe_by_layer.png"
+        probe_by_layer_plot(
+            {
+                f"{res['label']}/{res['name']}": [100 * v["ood_acc"] for v in res["probe"]["layers"].values()]
+                for res in results
+            },
+            100 * sum(res["probe"]["chance"] for res in results) / len(results),  # same OOD tasks: nearly equal
+            out / name,
+        )
+        figures.append(name)
         across = topsim_across_runs([res["topsim"] for res in results])
         lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
         for kind, c in across.items():
@@ -190,15 +233,16 @@ def latent_section(
             figures.append(name)
     else:
         lines = [
-            f"Final weights (else the latest checkpoint) of each run; codes of {num} sequences of training "
-            "combinations (`test`). Term probe: ridge R^2 of the +-1 term literals from the code pooled over context "
+            "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
+            f"{num} sequences of training combinations (`test`). Term probe: ridge R^2 of the +-1 term "
+            "literals from the code pooled over context "
             "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
             "",
-            "| configuration | run | term probe R^2 | shuffled control |",
-            "|---|---|---|---|",
+            "| configuration | run | weights | term probe R^2 | shuffled control |",
+            "|---|---|---|---|---|",
         ]
         for res in results:
             pr = res["probe"]
             r2, ctl = pr["r2"], pr["shuffled_label_r2"]
-            lines.append(f"| {res['label']} | {res['name']} | {r2:.3f} | {ctl:.3f} |")
+            lines.append(f"| {res['label']} | {res['name']} | {res['weights']} | {r2:.3f} | {ctl:.3f} |")
     return lines, figures, results

@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from hyla.analysis.latent_summary import latent_section
+from hyla.analysis.latent_summary import figure_lines, latent_section
 from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.stats import format_mean_se, mean_se
@@ -178,9 +178,9 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         if run.path.name in done and has_trained_weights(run.path):
             trained.setdefault(label, []).append(run)
     if trained and latents:
-        section, names, _ = latent_section(trained, {k: k for k in trained}, figures, latents, 1000)
+        section, names, results = latent_section(trained, {k: k for k in trained}, figures, latents, 1000)
         lines += ["### The latent code of the trained models", "", *section, ""]
-        lines += [f"![{name}]({figures.name}/{name})" for name in names] + [""]
+        lines += [*figure_lines(results, names, f"{figures.name}/"), ""]
     return "\n".join(lines)
 
 

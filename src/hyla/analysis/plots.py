@@ -159,6 +159,22 @@ def scatter_plot(
     return save_figure(fig, out)
 
 
+def probe_by_layer_plot(
+    accuracy: dict[str, list[float]], chance: float, out: Path, ylabel: str = "OOD rule accuracy (%)"
+) -> Path:
+    """Fig. 5F: ``accuracy[run] = [layer 0, layer 1, ..., all layers]`` (%), one line per run, chance dashed."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for name, values in accuracy.items():
+        ax.plot(range(len(values)), values, marker="o", label=name)
+    num = max(len(v) for v in accuracy.values())
+    ax.axhline(chance, color="grey", linestyle="--", label="chance")
+    ax.set_xticks(range(num), [f"layer {i}" for i in range(num - 1)] + ["all"])
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, out)
+
+
 def sraven_latent_figures(
     latents: dict,
     out_dir: Path,

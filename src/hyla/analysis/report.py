@@ -162,12 +162,10 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
     if latents and runs[0].task.latent_probe is not None:  # a task without a probe has no section
-        from hyla.analysis.latent_summary import latent_section
+        from hyla.analysis.latent_summary import figure_lines, latent_section
 
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
-        sections.append(
-            "## Latent code\n\n" + "\n".join(lines) + "\n\n" + "".join(f"![{f}]({f})\n" for f in latent_figs)
-        )
+        sections.append("## Latent code\n\n" + "\n".join([*lines, "", *figure_lines(results, latent_figs)]) + "\n")
         (out / "latents.json").write_text(json.dumps(results, indent=2, default=str))
     sections.append(f"## Every evaluation ({metric}, %)\n\n{every_evaluation(runs, splits, metric)}\n")
     sections.append("Run directories:\n\n" + "\n".join(f"- `{r.path}`" for r in runs) + "\n")

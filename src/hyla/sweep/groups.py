@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import CONFIG_DIR, ExperimentConfig
 from hyla.train.plan import engine_for, plan_groups
@@ -65,20 +66,10 @@ def provenance(device: str) -> dict[str, Any]:
     dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))
     return {
         "commit": commit + ("+changes" if dirty else ""),
-        "machine": f"{platform.node()} {platform.machine()} {_cpu_model()}".strip(),
+        "machine": f"{platform.node()} {platform.machine()} {cpu_model()}".strip(),
         "device": device_label(device),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def train_group(

@@ -19,7 +19,7 @@ from hyla.tasks import task_entry
 from hyla.tasks.base import Task
 from hyla.textio import FileFormatError, append_jsonl, read_jsonl, read_yaml, rewrite_jsonl
 from hyla.train.build import build_model, build_task
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
+from hyla.train.checkpoint import CheckpointError, checkpoint_step, latest_checkpoint, load_checkpoint, load_weights
 from hyla.train.config import ExperimentConfig, dump_config, load_config, read_config_values
 
 METRICS = "metrics.jsonl"
@@ -107,6 +107,17 @@ def has_trained_weights(run_dir: str | Path) -> bool:
     """Whether :func:`load_trained` finds weights in ``run_dir`` (final ones or a checkpoint)."""
     run_dir = Path(run_dir)
     return (run_dir / FINAL_WEIGHTS).is_file() or latest_checkpoint(run_dir) is not None
+
+
+def trained_weights_label(run_dir: str | Path) -> str:
+    """Which weights :func:`load_trained` reads in ``run_dir``: ``"final"`` or ``"checkpoint at step N"``."""
+    run_dir = Path(run_dir)
+    if (run_dir / FINAL_WEIGHTS).is_file():
+        return "final"
+    step = checkpoint_step(run_dir)
+    if step is None:
+        raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
+    return f"checkpoint at step {step}"
 
 
 def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:

@@ -42,6 +42,7 @@ from torch import Tensor
 from hyla.attention.config import AttentionConfig
 from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
 from hyla.attention.kernels.errors import CpuKernelUnavailableError
+from hyla.runtime import cpuinfo_field
 
 SOURCE = Path(__file__).with_name("hyla_cpu.c")
 BASE_FLAGS = (
@@ -74,13 +75,8 @@ def build_flags() -> tuple[str, ...]:
 
 
 def _cpu_signature() -> str:
-    try:  # the flags decide what -march=native may use
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    # the flags decide what -march=native may use
+    return cpuinfo_field("flags") or platform.processor() or platform.machine()
 
 
 def _compile(compiler: str, flags: tuple[str, ...], out_dir: Path) -> Path:
