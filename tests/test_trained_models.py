@@ -11,7 +11,7 @@ import torch
 from hyla.cli import main
 from hyla.train.build import build_model
 from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from hyla.train.rundir import FINAL_WEIGHTS, load_trained, trained_weights_label
+from hyla.train.rundir import FINAL_WEIGHTS, load_trained
 from tiny import tiny_overrides
 
 
@@ -20,12 +20,16 @@ def test_a_finished_run_keeps_its_weights_and_loads_without_checkpoints(tmp_path
     args = ["train", "sraven", *tiny_overrides(steps=6, every=3), "--out", str(run), "--quiet"]
     assert main([*args, "--stop-at-step", "3"]) == 0
     assert not (run / FINAL_WEIGHTS).exists()  # stopped early: only checkpoints
-    assert trained_weights_label(run) == "checkpoint at step 3"
+    stopped = load_trained(run)
+    assert stopped.weights == "checkpoint at step 3"  # the label names the weights the model holds
+    for name, tensor in stopped.model.state_dict().items():
+        assert torch.equal(tensor, load_checkpoint(latest_checkpoint(run)).model[name]), name
     assert main([*args, "--resume"]) == 0
     final = load_checkpoint(latest_checkpoint(run))
-    assert final.step == 6 and (run / FINAL_WEIGHTS).is_file() and trained_weights_label(run) == "final"
+    assert final.step == 6 and (run / FINAL_WEIGHTS).is_file()
     shutil.rmtree(run / "checkpoints")  # what a finished sweep record keeps
-    cfg, task, model = load_trained(run)
+    cfg, task, model, weights = load_trained(run)
+    assert weights == "final"
     assert not model.training and cfg.train.steps == 6
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, final.model[name]), name
@@ -39,9 +43,8 @@ def test_loading_a_folder_without_weights_names_what_is_missing(tmp_path: Path) 
     assert main(["train", "sraven", *tiny_overrides(steps=2, every=2), "--out", str(run), "--quiet"]) == 0
     shutil.rmtree(run / "checkpoints")
     (run / FINAL_WEIGHTS).unlink()
-    for read in (load_trained, trained_weights_label):
-        with pytest.raises(ValueError, match="neither final weights"):
-            read(run)
+    with pytest.raises(ValueError, match="neither final weights"):
+        load_trained(run)
     (run / FINAL_WEIGHTS).write_bytes(b"torn")
     with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable"):
         load_trained(run)

@@ -37,7 +37,7 @@ def cmd_plots(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run) / "analysis")
     latents = collect_latents(args.run, args.split, args.num)
     paths = sraven_latent_figures(latents, out, max_points=args.max_points)
-    print("wrote " + ", ".join(str(p) for p in paths))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 

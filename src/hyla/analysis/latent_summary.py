@@ -16,7 +16,7 @@ from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.tasks import REGISTRY, task_entry
-from hyla.train.rundir import RunRecord, read_run, trained_weights_label
+from hyla.train.rundir import RunRecord, load_trained, read_run
 
 #: the splits whose codes are drawn: training tasks (in-distribution) and held-out tasks
 FIGURE_SPLITS = ("test", "ood")
@@ -96,22 +96,25 @@ def topsim_across_runs(entries: list[dict]) -> dict[str, dict]:
 def analyze_run(
     run_dir: str | Path, num: int, permutations: int = 1000, figures_dir: Path | None = None, prefix: str = ""
 ) -> dict[str, object]:
-    """Probe (+ topographic similarity and figures for SRAVEN) of one run, extracting codes once.
+    """Probe (+ topographic similarity and figures for SRAVEN) of one run, reading its weights and codes once.
 
     SRAVEN figures (Fig. 5B/5E), with ``figures_dir``: :func:`~hyla.analysis.plots.sraven_latent_figures` of
     the training tasks' codes (``{prefix}test_*.png``) and of the held-out tasks' (``{prefix}ood_*.png``);
-    their names in ``result["figures"]``, by split."""
+    ``result["figures"][split][kind]`` is the file name of picture ``kind`` of ``split``."""
     from hyla.analysis.plots import sraven_latent_figures
 
-    task = read_run(run_dir).config["data"]["task"]
-    lat = {"test": collect_latents(run_dir, "test", num)}
-    out: dict[str, object] = {"run": str(run_dir), "task": task, "weights": trained_weights_label(run_dir)}
-    if latent_probe(run_dir) == "rule":
-        lat["ood"] = collect_latents(run_dir, "ood", num)
+    trained = load_trained(run_dir)
+    lat = {"test": collect_latents(trained, "test", num)}
+    out: dict[str, object] = {"run": str(run_dir), "task": trained.config.data.task, "weights": trained.weights}
+    if trained.task.latent_probe == "rule":
+        lat["ood"] = collect_latents(trained, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
             out["figures"] = {
-                split: [p.name for p in sraven_latent_figures(lat[split], figures_dir, f"{prefix}{split}_")]
+                split: {
+                    kind: path.name
+                    for kind, path in sraven_latent_figures(lat[split], figures_dir, f"{prefix}{split}_").items()
+                }
                 for split in FIGURE_SPLITS
             }
     out["probe"] = run_probe(run_dir, num, lat)
@@ -126,16 +129,15 @@ def figure_lines(results: list[dict[str, Any]], names: list[str], link_prefix: s
     table, one column per run that drew them (HYLA beside softmax) and one row per split and picture, then
     the other figures; links are ``link_prefix + name``."""
     drawn = [res for res in results if res.get("figures")]
-    in_table = {name for res in drawn for split_names in res["figures"].values() for name in split_names}
+    in_table = {name for res in drawn for by_kind in res["figures"].values() for name in by_kind.values()}
     lines = []
     if drawn:
         lines += ["| | " + " | ".join(f"{res['label']} ({res['name']})" for res in drawn) + " |"]
         lines += ["|---|" + "---|" * len(drawn)]
         for split in FIGURE_SPLITS:
-            for i, first in enumerate(drawn[0]["figures"][split]):
-                picture = first.rsplit(f"{split}_", 1)[-1].removesuffix(".png").replace("_", " ")
-                cells = [f"![{res['figures'][split][i]}]({link_prefix}{res['figures'][split][i]})" for res in drawn]
-                lines += [f"| {SPLIT_TITLES[split]}: {picture} | " + " | ".join(cells) + " |"]
+            for kind in drawn[0]["figures"][split]:
+                cells = [f"![{name}]({link_prefix}{name})" for name in (res["figures"][split][kind] for res in drawn)]
+                lines += [f"| {SPLIT_TITLES[split]}: {kind.replace('_', ' ')} | " + " | ".join(cells) + " |"]
         lines += [""]
     return lines + [f"![{name}]({link_prefix}{name})" for name in names if name not in in_table]
 
@@ -161,7 +163,7 @@ def latent_section(
             prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
             res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
             res["label"], res["name"] = labels[key], r.name
-            figures += [name for names in res.get("figures", {}).values() for name in names]
+            figures += [name for by_kind in res.get("figures", {}).values() for name in by_kind.values()]
             drawn = True
             results.append(res)
     if not results:

@@ -30,7 +30,7 @@ fuzzy_logic    ``codes`` float32             (N, layers, N_examples - 1, H): ``a
 fuzzy_logic    ``terms`` bool                (N, K, L): True where the literal is x_i, else 1 - x_i
 both           ``task_id`` int64             (N,): index of the task (rule multiset / term combination)
 both           ``task``, ``split``,          0-d str: the run's task, the split sampled, the attention
-               ``attention``                 preset
+               ``attention``, ``weights``    preset, the weights read (``final`` or ``checkpoint at step N``)
 =============  ============================  ==================================================
 """
 
@@ -43,27 +43,29 @@ import torch
 
 from hyla.tasks import REGISTRY
 from hyla.tasks.sraven import sraven_pairs
-from hyla.train.rundir import load_trained
+from hyla.train.rundir import TrainedRun, load_trained
 
 __all__ = ["collect_latents", "save_latents", "sraven_pairs"]
 
 
 @torch.no_grad()
 def collect_latents(
-    run_dir: str | Path, split: str, num: int = 2048, batch_size: int = 256, seed: int = 0
+    run: str | Path | TrainedRun, split: str, num: int = 2048, batch_size: int = 256, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """The documented arrays (see module docstring) for ``num`` problems of ``split``.
 
-    Problems come from ``torch.Generator().manual_seed(seed)`` in batches of ``batch_size`` (so the
-    same arguments give the same problems); the model is the run's latest checkpoint, on the CPU."""
+    ``run``: a run directory (its trained model is read, :func:`~hyla.train.rundir.load_trained`) or a
+    model already read from one, so that several splits see the same weights. Problems come from
+    ``torch.Generator().manual_seed(seed)`` in batches of ``batch_size`` (so the same arguments give the
+    same problems); the model runs on the CPU."""
     if num < 1:
         raise ValueError(f"num={num} must be >= 1")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    cfg, task, model = load_trained(run_dir)
+    cfg, task, model, weights = run if isinstance(run, TrainedRun) else load_trained(run)
     if task.latent_probe is None:
         analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe)
-        raise ValueError(f"{run_dir}: latent codes are extracted for {analysed} runs, not {cfg.data.task!r}")
+        raise ValueError(f"latent codes are extracted for {analysed} runs, not {cfg.data.task!r} ones")
     task.check_split(split)
     gen = torch.Generator().manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {}
@@ -76,6 +78,7 @@ def collect_latents(
     out["task"] = np.array(cfg.data.task)
     out["split"] = np.array(split)
     out["attention"] = np.array(cfg.model.attention)
+    out["weights"] = np.array(weights)
     return out | task.constant_arrays()
 
 

@@ -181,8 +181,9 @@ def sraven_latent_figures(
     prefix: str = "",
     methods: tuple[str, ...] = ("pca", "tsne"),
     max_points: int = 2000,
-) -> list[Path]:
-    """The latent-code pictures of one SRAVEN run from :func:`~hyla.analysis.latents.collect_latents` arrays.
+) -> dict[str, Path]:
+    """The latent-code pictures of one SRAVEN run from :func:`~hyla.analysis.latents.collect_latents` arrays,
+    by kind (``latents_pca``, ``latents_tsne``, ``mean_code_per_rule``).
 
     ``{prefix}latents_{method}.png``: one panel per layer, every answer slot's code at that layer (both
     keys, all heads) embedded in 2-D, coloured by the slot's rule. ``{prefix}mean_code_per_rule.png``: one
@@ -202,22 +203,20 @@ def sraven_latent_figures(
     num_layers = codes.shape[2]
     per_layer = [slot_features(codes, layer) for layer in range(num_layers)]
     titles = [f"layer {i}" for i in range(num_layers)]
-    paths = []
+    paths: dict[str, Path] = {}
     for method in methods:
-        path = out_dir / f"{prefix}latents_{method}.png"
+        path = paths[f"latents_{method}"] = out_dir / f"{prefix}latents_{method}.png"
         embedding_panels(per_layer, labels, names, path, method, titles, max_points=max_points)
-        paths.append(path)
     slot_codes = codes.reshape(-1, *codes.shape[2:]).mean(axis=2)  # (slots, L, H): mean over the keys
     present = np.unique(labels)
     means_LxRxH = np.stack([slot_codes[labels == r].mean(0) for r in present], axis=1)
-    path = out_dir / f"{prefix}mean_code_per_rule.png"
+    path = paths["mean_code_per_rule"] = out_dir / f"{prefix}mean_code_per_rule.png"
     rule_heatmaps(
         means_LxRxH - means_LxRxH.mean(axis=1, keepdims=True),
         [names[r] for r in present],
         path,
         title="mean latent code per rule, minus the mean over rules",
     )
-    paths.append(path)
     return paths
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hyla.models import Transformer
 from hyla.tasks import task_entry
 from hyla.tasks.base import Task
 from hyla.textio import FileFormatError, append_jsonl, read_jsonl, read_yaml, rewrite_jsonl
 from hyla.train.build import build_model, build_task
-from hyla.train.checkpoint import CheckpointError, checkpoint_step, latest_checkpoint, load_checkpoint, load_weights
+from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
 from hyla.train.config import ExperimentConfig, dump_config, load_config, read_config_values
 
 METRICS = "metrics.jsonl"
@@ -109,22 +109,21 @@ def has_trained_weights(run_dir: str | Path) -> bool:
     return (run_dir / FINAL_WEIGHTS).is_file() or latest_checkpoint(run_dir) is not None
 
 
-def trained_weights_label(run_dir: str | Path) -> str:
-    """Which weights :func:`load_trained` reads in ``run_dir``: ``"final"`` or ``"checkpoint at step N"``."""
-    run_dir = Path(run_dir)
-    if (run_dir / FINAL_WEIGHTS).is_file():
-        return "final"
-    step = checkpoint_step(run_dir)
-    if step is None:
-        raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
-    return f"checkpoint at step {step}"
+class TrainedRun(NamedTuple):
+    """A run directory's trained model, as :func:`load_trained` reads it."""
+
+    config: ExperimentConfig
+    task: Task
+    model: Transformer
+    #: which weights ``model`` holds: ``"final"`` or ``"checkpoint at step N"``
+    weights: str
 
 
-def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transformer]:
-    """(config, task, model in eval mode) of a run directory: a finished run's final weights
+def load_trained(run_dir: str | Path) -> TrainedRun:
+    """The trained model of a run directory, in eval mode: a finished run's final weights
     (``model.safetensors``), else those of its latest checkpoint.
 
-    ``cfg, task, model = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
+    ``cfg, task, model, weights = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -133,14 +132,14 @@ def load_trained(run_dir: str | Path) -> tuple[ExperimentConfig, Task, Transform
     task = build_task(cfg, run_dir)
     model = build_model(cfg, task)
     if (run_dir / FINAL_WEIGHTS).is_file():
-        weights = load_weights(run_dir / FINAL_WEIGHTS)
-    else:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
-        weights = load_checkpoint(ckpt).model
-    model.load_state_dict(weights)
-    return cfg, task, model.eval()
+        model.load_state_dict(load_weights(run_dir / FINAL_WEIGHTS))
+        return TrainedRun(cfg, task, model.eval(), "final")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
+    state = load_checkpoint(ckpt)
+    model.load_state_dict(state.model)
+    return TrainedRun(cfg, task, model.eval(), f"checkpoint at step {state.step}")
 
 
 # ------------------------------------------------------------------------------ records read back
