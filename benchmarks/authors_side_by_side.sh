@@ -16,6 +16,9 @@
 #   ... benchmarks/authors_side_by_side.sh authors hyla 0       # one run of theirs: variant, seed
 #   ... benchmarks/authors_side_by_side.sh ours authors hyla 0  # one run of ours: setup, variant, seed
 #   ... benchmarks/authors_side_by_side.sh ours-stacked library_defaults hyla 0,1,2  # seeds as one stack
+#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors_side_by_side.sh authors-sraven hyla 0
+#       # SRAVEN: their configs/raven.py at its full schedule (20M problems, 156,250 steps), stopped once the
+#       # evaluation after STEPS updates is logged; compare with our paper run's metrics.jsonl (same seed)
 #   then: .venv/bin/python benchmarks/side_by_side.py
 #
 # Environment: STEPS (default 1100), EVAL_EVERY (500), AUTHORS_LOGS (runs/side_by_side/authors),
@@ -34,7 +37,9 @@ HYLA="${HYLA:-$REPO_ROOT/.venv/bin/hyla}"
 # running, where multi-threaded BLAS/Eigen pools oversubscribe the cores and slow every process down.
 THREADS="${THREADS:-1}"
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
-export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=$([[ $THREADS == 1 ]] && echo false || echo true) intra_op_parallelism_threads=$THREADS}"
+# (The fuzzy-logic runs in results/side_by_side were made with ` intra_op_parallelism_threads=1` after this
+# flag: not an XLA flag, and XLA stops reading XLA_FLAGS at a bare word, so it never applied.)
+export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=$([[ $THREADS == 1 ]] && echo false || echo true)}"
 
 # pip freeze of the venv these results were made with (Python 3.11.x, CPU only)
 AUTHORS_PINS=(
@@ -119,6 +124,36 @@ run_authors() {  # variant seed
   touch "$dir/done"
 }
 
+run_authors_sraven() {  # variant seed: the first STEPS updates of their SRAVEN paper run, then stopped
+  local variant="$1" seed="$2" dir pid
+  local EVAL_PROBLEMS="${EVAL_PROBLEMS:-12800}"
+  dir="$AUTHORS_LOGS/sraven-$variant-seed$seed"
+  if [[ -f "$dir/done" ]]; then echo "skip $dir"; return; fi
+  rm -rf "$dir"; mkdir -p "$dir"
+  local py
+  py="$(launcher)"
+  # configs/raven.py unchanged (lr 1e-3, wd 0.1, warmup 1000, batch 128, 20M problems = 156,250 steps)
+  # but the seed, the logging and the size of the eval splits (theirs 51,200; EVAL_PROBLEMS, default 12,800).
+  # XLA's oneDNN matmul rewrite is switched off: on an AVX2 machine it sends their attention-score matmul
+  # (with the position bias added) to oneDNN's reference kernel, 0.5 s a call; XLA's own dot is used
+  # instead. The flag goes first (XLA stops reading XLA_FLAGS at a bare word; see above). The run's
+  # evaluation after STEPS updates is logged as step STEPS + 1 (see the fuzzy-logic runs); its ood line
+  # comes last.
+  XLA_FLAGS="--xla_disable_hlo_passes=onednn-matmul-rewriter $XLA_FLAGS" \
+    AUTHORS_CODE="$AUTHORS_CODE" JAX_PLATFORMS=cpu "$AUTHORS_VENV/bin/python" "$py" \
+    "--config=configs/raven.py:raven_3x3_4features;$(authors_model "$variant")" \
+    --config.seed="$seed" --config.data.num_test="$EVAL_PROBLEMS" --config.data.num_ood="$EVAL_PROBLEMS" \
+    --config.log_dir="$dir" --eval_every="$EVAL_EVERY" --log_every=250 \
+    --logger=standard >"$dir/stdout.log" 2>&1 &
+  pid=$!
+  until grep -q "step: $((STEPS + 1)) .*ood_acc" "$dir/event.log" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "their run ended before step $STEPS: $dir/stdout.log" >&2; exit 1; fi
+    sleep 30
+  done
+  kill "$pid"; wait "$pid" || true
+  touch "$dir/done"
+}
+
 # Ours: the authors' setup is configs/fuzzy_logic.yaml itself; the library defaults undo each of its
 # authors'-code options; a flip undoes one of them.
 LIBRARY_DEFAULTS=(data.split_style=cover data.num_unseen_terms=0 data.split_seed=0
@@ -168,6 +203,7 @@ run_ours_stacked() {  # setup variant seeds (e.g. 0,1,2): one stacked model, OUT
 case "${1:-all}" in
   venv) make_venv ;;
   authors) run_authors "$2" "$3" ;;
+  authors-sraven) run_authors_sraven "$2" "$3" ;;
   ours) run_ours "$2" "$3" "$4" ;;
   ours-stacked) run_ours_stacked "$2" "$3" "$4" ;;
   all)
@@ -179,6 +215,6 @@ case "${1:-all}" in
       for s in 0 1 2; do run_ours "$flip" hyla "$s"; done
     done
     ;;
-  *) echo "usage: $0 venv | all | authors VARIANT SEED | ours SETUP VARIANT SEED | ours-stacked SETUP VARIANT SEEDS" >&2
+  *) echo "usage: $0 venv | all | authors VARIANT SEED | authors-sraven VARIANT SEED | ours SETUP VARIANT SEED | ours-stacked SETUP VARIANT SEEDS" >&2
      exit 2 ;;
 esac

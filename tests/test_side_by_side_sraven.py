@@ -1,0 +1,49 @@
+"""benchmarks/side_by_side_sraven.py reads the authors' SRAVEN log and our metrics onto the same steps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "side_by_side_sraven.py"
+
+
+def test_bins_and_evaluations_line_up(tmp_path: Path) -> None:
+    theirs = tmp_path / "authors" / "sraven-hyla-seed0"
+    theirs.mkdir(parents=True)
+    lines = ["[INFO  10:00:00] step: 0 \t"]
+    for updates in range(0, 2001, 250):  # their loop logs after `updates` updates as step updates + 1
+        loss, acc = 2.0 - updates / 10_000, updates / 20_000
+        lines.append(f"[INFO  10:00:00] step: {updates + 1} \t train_acc: {acc:.4f} \t train_loss: {loss:.4f}")
+        if updates % 1000 == 0:
+            lines.append(f"[INFO  10:00:00] step: {updates + 1} \t test_acc: {acc + 0.1:.4f} \t test_loss: 1.0")
+            lines.append(f"[INFO  10:00:00] step: {updates + 1} \t ood_acc: {acc + 0.2:.4f} \t ood_loss: 1.0")
+    (theirs / "event.log").write_text("\n".join(lines) + "\n")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    records = [{"step": s, "split": "train_batch", "acc": 0.0, "loss": 3.0 - s / 10_000} for s in range(250, 3001, 250)]
+    records += [{"step": 1000, "split": split, "acc": 0.5, "loss": 1.0} for split in ("test", "ood")]
+    (ours / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    out = tmp_path / "curves.json"
+    args = ["--authors-logs", str(tmp_path / "authors"), "--ours-run", str(ours), "--out", str(out)]
+    text = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True).stdout
+    rows = {
+        line.split(" | ")[0].strip("| "): line.strip("| ").split(" | ")[1:]
+        for line in text.splitlines()
+        if line[:2] == "| "
+    }
+    # bin 1-1000: their updates 250..1000, ours steps 250..1000; bin 2001-3000 is past their last update
+    for bin_, mean_step in (("1-1000", 625), ("1001-2000", 1625)):  # mean step of the four points
+        expected = [2.0 - mean_step / 10_000, 3.0 - mean_step / 10_000, 100 * mean_step / 20_000, 0.0]
+        assert [float(v) for v in rows[bin_]] == pytest.approx(expected, abs=0.051), bin_  # printed to 3 and 1 decimals
+    assert "2001-3000" not in rows
+    # their evaluation logged as step 1001 is the one after 1,000 updates, beside ours at 1,000
+    assert "| 1000 | 15.0 | 50.0 | 25.0 | 50.0 |" in text
+    assert "| 2000 | 20.0 | - | 30.0 | - |" in text
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["authors_updates"] == 2000 and max(p["step"] for p in saved["ours"]) == 2000
