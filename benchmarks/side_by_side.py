@@ -44,8 +44,11 @@ COMMANDS = [
 ]
 
 
-def parse_authors_log(path: Path) -> list[dict[str, Any]]:
-    """Curve points from their event.log: one per (step, split) that has an r2."""
+def parse_authors_log(
+    path: Path, splits: dict[str, str] = THEIR_SPLITS, metrics: tuple[str, ...] = ("r2", "loss")
+) -> list[dict[str, Any]]:
+    """Curve points from their event.log: one per (step, split) that has the first of ``metrics``; their
+    prefixes are renamed by ``splits`` (theirs -> ours), other prefixes are skipped."""
     points: dict[tuple[int, str], dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         m = LINE.search(line)
@@ -54,11 +57,11 @@ def parse_authors_log(path: Path) -> list[dict[str, Any]]:
         step = int(m.group(1))
         for key, value in PAIR.findall(m.group(2)):
             prefix, _, metric = key.partition("_")
-            split = THEIR_SPLITS.get(prefix)
-            if split is None or metric not in ("r2", "loss"):
+            split = splits.get(prefix)
+            if split is None or metric not in metrics:
                 continue
             points.setdefault((step, split), {"step": step, "split": split})[metric] = float(value)
-    return [p for _, p in sorted(points.items()) if "r2" in p]
+    return [p for _, p in sorted(points.items()) if metrics[0] in p]
 
 
 def parse_ours(path: Path) -> list[dict[str, Any]]:

@@ -28,26 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from side_by_side import LINE, PAIR, REPO, _git, authors_commit, machine
+from side_by_side import REPO, _git, authors_commit, machine, parse_authors_log
 
 OURS_SWEEP = REPO / "results/sweeps/table_a1_sraven"
 BIN = 1000
 
 
-def parse_authors(path: Path) -> list[dict[str, Any]]:
-    """One point per (step, split) of their event.log; splits ``train_batch``, ``test``, ``ood``."""
-    points: dict[tuple[int, str], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        m = LINE.search(line)
-        if not m:
-            continue
-        step = int(m.group(1))
-        for key, value in PAIR.findall(m.group(2)):
-            prefix, _, metric = key.partition("_")
-            if prefix in ("train", "test", "ood") and metric in ("loss", "acc"):
-                split = "train_batch" if prefix == "train" else prefix
-                points.setdefault((step, split), {"step": step, "split": split})[metric] = float(value)
-    return [p for _, p in sorted(points.items())]
+#: their eval and training-batch prefixes -> our split names (for SRAVEN their test/ood are ours)
+SPLITS = {"train": "train_batch", "test": "test", "ood": "ood"}
 
 
 def parse_ours(path: Path, last_step: int) -> list[dict[str, Any]]:
@@ -95,7 +83,7 @@ def main() -> None:
 
     ours_run = args.ours_run or OURS_SWEEP / f"{args.variant}-lr0.001-weight_decay0.1-seed{args.seed}"
     authors_dir = args.authors_logs / f"sraven-{args.variant}-seed{args.seed}"
-    theirs = parse_authors(authors_dir / "event.log")
+    theirs = parse_authors_log(authors_dir / "event.log", SPLITS, ("acc", "loss"))
     last = max(p["step"] - 1 for p in theirs)  # updates they made
     ours = parse_ours(ours_run / "metrics.jsonl", last)
 
