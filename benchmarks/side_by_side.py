@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from hyla.train.rundir import read_run
+
 REPO = Path(__file__).resolve().parent.parent
 THEIR_SPLITS = {"test": "ood", "ood": "unseen_terms", "train": "train_batch"}
 LINE = re.compile(r"\]\s*step:\s*(\d+)\s*(.*)$")
@@ -64,13 +66,10 @@ def parse_authors_log(
     return [p for _, p in sorted(points.items()) if metrics[0] in p]
 
 
-def parse_ours(path: Path) -> list[dict[str, Any]]:
-    """Curve points from our metrics.jsonl (every split that has an r2)."""
+def parse_ours(run_dir: Path) -> list[dict[str, Any]]:
+    """Curve points from our run directory's metrics (every split that has an r2)."""
     out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in read_run(run_dir).metrics:
         if "r2" not in rec or "split" not in rec:
             continue
         point = {"step": int(rec["step"]), "split": rec["split"], "r2": float(rec["r2"])}
@@ -127,12 +126,12 @@ def collect(authors_logs: Path, ours_runs: Path, steps: int) -> list[dict[str, A
                 m = RUN_DIR.match(d.name)
                 s = STACKED_DIR.match(d.name)
                 if m and (d / "metrics.jsonl").exists():
-                    found.append((m["variant"], int(m["seed"]), d / "metrics.jsonl", False))
+                    found.append((m["variant"], int(m["seed"]), d, False))
                 elif s:  # --seeds 0,1,2: one stacked model, OUT/seedN/metrics.jsonl per seed
                     for sub in sorted(d.glob("seed*/metrics.jsonl")):
-                        found.append((s["variant"], int(sub.parent.name[4:]), sub, True))
-            for variant, seed, metrics, stacked in found:
-                curve = parse_ours(metrics)
+                        found.append((s["variant"], int(sub.parent.name[4:]), sub.parent, True))
+            for variant, seed, run_dir, stacked in found:
+                curve = parse_ours(run_dir)
                 done = any(p["step"] == steps and p["split"] == "ood" for p in curve)
                 runs.append(
                     {

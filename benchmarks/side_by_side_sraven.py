@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from side_by_side import REPO, _git, authors_commit, machine, parse_authors_log
 
+from hyla.train.rundir import read_run
+
 OURS_SWEEP = REPO / "results/sweeps/table_a1_sraven"
 BIN = 1000
 
@@ -38,11 +40,10 @@ BIN = 1000
 SPLITS = {"train": "train_batch", "test": "test", "ood": "ood"}
 
 
-def parse_ours(path: Path, last_step: int) -> list[dict[str, Any]]:
-    """Our metrics.jsonl points up to ``last_step``, same fields."""
+def parse_ours(run_dir: Path, last_step: int) -> list[dict[str, Any]]:
+    """Our run directory's metrics up to ``last_step``, same fields."""
     out = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line) if line.strip() else {}
+    for rec in read_run(run_dir).metrics:
         if rec.get("split") in ("train_batch", "test", "ood") and rec["step"] <= last_step:
             out.append({k: rec[k] for k in ("step", "split", "loss", "acc") if k in rec})
     return out
@@ -85,7 +86,7 @@ def main() -> None:
     authors_dir = args.authors_logs / f"sraven-{args.variant}-seed{args.seed}"
     theirs = parse_authors_log(authors_dir / "event.log", SPLITS, ("acc", "loss"))
     last = max(p["step"] - 1 for p in theirs)  # updates they made
-    ours = parse_ours(ours_run / "metrics.jsonl", last)
+    ours = parse_ours(ours_run, last)
 
     their_bins, our_bins = training_bins(theirs, True, last), training_bins(ours, False, last)
     print(f"Training batches ({args.variant}, seed {args.seed}), mean per {BIN}-step bin:\n")

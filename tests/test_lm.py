@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from hyla.analysis.latents import collect_latents
 from hyla.analysis.stats import mean_se
 from hyla.attention import KVCache
 from hyla.cli import main
@@ -120,12 +122,14 @@ def test_lm_trains_resumes_exactly_and_generates(tmp_path: Path, capsys) -> None
     command = ["generate", str(tmp_path / "a"), "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0"]
     assert main(command) == 0
     assert capsys.readouterr().out == prompt + greedy_continuation(tmp_path / "a", prompt, 8) + "\n"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'a'))}: latent codes are extracted for"):
+        collect_latents(tmp_path / "a", "test", num=2)  # the error names the run, not only its task
 
 
 def greedy_continuation(run_dir: Path, prompt: str, max_new_tokens: int) -> str:
     """The trained model's greedy continuation, recomputed over the whole sequence at every step (no cache):
     the obviously correct reference for ``hyla generate --temperature 0``."""
-    _, task, model, _weights = load_trained(run_dir)
+    _path, _cfg, task, model, _weights = load_trained(run_dir)
     ids = task.encode(prompt)
     new: list[int] = []
     with torch.no_grad():

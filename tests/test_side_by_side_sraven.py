@@ -27,6 +27,7 @@ def test_bins_and_evaluations_line_up(tmp_path: Path) -> None:
     ours.mkdir()
     records = [{"step": s, "split": "train_batch", "acc": 0.0, "loss": 3.0 - s / 10_000} for s in range(250, 3001, 250)]
     records += [{"step": 1000, "split": split, "acc": 0.5, "loss": 1.0} for split in ("test", "ood")]
+    (ours / "config.yaml").write_text("seed: 0\n")  # a run directory, as read_run reads it
     (ours / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
     out = tmp_path / "curves.json"

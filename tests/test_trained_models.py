@@ -28,8 +28,8 @@ def test_a_finished_run_keeps_its_weights_and_loads_without_checkpoints(tmp_path
     final = load_checkpoint(latest_checkpoint(run))
     assert final.step == 6 and (run / FINAL_WEIGHTS).is_file()
     shutil.rmtree(run / "checkpoints")  # what a finished sweep record keeps
-    cfg, task, model, weights = load_trained(run)
-    assert weights == "final"
+    path, cfg, task, model, weights = load_trained(run)
+    assert weights == "final" and path == run
     assert not model.training and cfg.train.steps == 6
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, final.model[name]), name

@@ -62,10 +62,10 @@ def collect_latents(
         raise ValueError(f"num={num} must be >= 1")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    cfg, task, model, weights = run if isinstance(run, TrainedRun) else load_trained(run)
+    run_dir, cfg, task, model, weights = run if isinstance(run, TrainedRun) else load_trained(run)
     if task.latent_probe is None:
         analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe)
-        raise ValueError(f"latent codes are extracted for {analysed} runs, not {cfg.data.task!r} ones")
+        raise ValueError(f"{run_dir}: latent codes are extracted for {analysed} runs, not {cfg.data.task!r} ones")
     task.check_split(split)
     gen = torch.Generator().manual_seed(seed)
     parts: dict[str, list[np.ndarray]] = {}

@@ -112,6 +112,8 @@ def has_trained_weights(run_dir: str | Path) -> bool:
 class TrainedRun(NamedTuple):
     """A run directory's trained model, as :func:`load_trained` reads it."""
 
+    #: the run directory it was read from
+    path: Path
     config: ExperimentConfig
     task: Task
     model: Transformer
@@ -123,7 +125,8 @@ def load_trained(run_dir: str | Path) -> TrainedRun:
     """The trained model of a run directory, in eval mode: a finished run's final weights
     (``model.safetensors``), else those of its latest checkpoint.
 
-    ``cfg, task, model, weights = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
+    ``trained = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``, then
+    ``trained.model``, ``trained.task``, ``trained.weights``...
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -133,13 +136,13 @@ def load_trained(run_dir: str | Path) -> TrainedRun:
     model = build_model(cfg, task)
     if (run_dir / FINAL_WEIGHTS).is_file():
         model.load_state_dict(load_weights(run_dir / FINAL_WEIGHTS))
-        return TrainedRun(cfg, task, model.eval(), "final")
+        return TrainedRun(run_dir, cfg, task, model.eval(), "final")
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
     state = load_checkpoint(ckpt)
     model.load_state_dict(state.model)
-    return TrainedRun(cfg, task, model.eval(), f"checkpoint at step {state.step}")
+    return TrainedRun(run_dir, cfg, task, model.eval(), f"checkpoint at step {state.step}")
 
 
 # ------------------------------------------------------------------------------ records read back
