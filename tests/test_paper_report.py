@@ -105,7 +105,7 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
     for row in ("softmax", "hyla"):
         run = tmp_path / "sweeps" / "table_a1_tiny" / f"{row}-lr0.001-seed0"
         assert (run / "model.safetensors").is_file()
-    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=256)
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=64)
     section = text[text.index("### The latent code of the trained models") :]
     assert "| configuration | run | layer 0 | layer 1 | all | chance |" in section
     for row in ("softmax", "hyla"):
