@@ -83,9 +83,10 @@ def ours(args: argparse.Namespace) -> None:
     if args.run is not None:
         trained = load_trained(args.run)
         cfg, task, model, weights = trained.config, trained.task, trained.model, f"{args.run} ({trained.weights})"
-        step = cfg.train.steps if trained.weights == "final" else int(trained.weights.rsplit(" ", 1)[1])
         evaluated = {
-            f"run_acc/{r['split']}": r["acc"] for r in read_run(args.run).metrics if r["step"] == step and "acc" in r
+            f"run_acc/{r['split']}": r["acc"]
+            for r in read_run(args.run).metrics
+            if r["step"] == trained.step and "acc" in r
         }
     else:
         cfg = load_config("sraven", [f"model.attention={args.init}", f"seed={args.seed}"])
@@ -108,7 +109,7 @@ def ours(args: argparse.Namespace) -> None:
     arrays = {f"param/{k}": v for k, v in to_their_layout(state, **layout).items()}
     arrays |= {f"grad/{k}": v for k, v in to_their_layout(grads, **layout).items()}
     if args.train_steps:
-        start = 0 if args.run is None else step
+        start = 0 if args.run is None else trained.step
         arrays |= our_updates(model, task, cfg, start, args.train_steps, args.seed, layout)
     args.out.mkdir(parents=True, exist_ok=True)
     np.savez(

@@ -68,7 +68,7 @@ def test_extraction_matches_the_models_latent_code(sraven_run: Path) -> None:
     assert lat["query_rule"].shape == (40, 4) and lat["key_tokens"].shape == (40, 4, 2)
     assert np.array_equal(lat["query_rule"], np.take_along_axis(lat["rules"], lat["perm"][:, 2], axis=1))
     # recompute problem 0 directly: same generator seed and batch split as collect_latents
-    _path, _cfg, task, model, weights = load_trained(sraven_run)
+    _path, _cfg, task, model, weights, _step = load_trained(sraven_run)
     assert str(lat["weights"]) == weights  # the arrays name the weights they were read with
     batch = task.sample(16, "ood", torch.Generator().manual_seed(0))
     codes = model.latent_codes(batch.inputs)
@@ -241,7 +241,7 @@ def test_saved_npz_has_documented_keys_and_shapes(sraven_run: Path, fuzzy_run: P
         "attention": (),
         "weights": (),
     }
-    _path, _cfg, task, model, _weights = load_trained(fuzzy_run)
+    _path, _cfg, task, model, _weights, _step = load_trained(fuzzy_run)
     batch = task.sample(20, "test", torch.Generator().manual_seed(0))
     assert np.allclose(codes[3, 1], model.latent_codes(batch.inputs)[1][3, :, 11, :11].T.numpy())
 

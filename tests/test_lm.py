@@ -129,7 +129,7 @@ def test_lm_trains_resumes_exactly_and_generates(tmp_path: Path, capsys) -> None
 def greedy_continuation(run_dir: Path, prompt: str, max_new_tokens: int) -> str:
     """The trained model's greedy continuation, recomputed over the whole sequence at every step (no cache):
     the obviously correct reference for ``hyla generate --temperature 0``."""
-    _path, _cfg, task, model, _weights = load_trained(run_dir)
+    _path, _cfg, task, model, _weights, _step = load_trained(run_dir)
     ids = task.encode(prompt)
     new: list[int] = []
     with torch.no_grad():

@@ -21,15 +21,15 @@ def test_a_finished_run_keeps_its_weights_and_loads_without_checkpoints(tmp_path
     assert main([*args, "--stop-at-step", "3"]) == 0
     assert not (run / FINAL_WEIGHTS).exists()  # stopped early: only checkpoints
     stopped = load_trained(run)
-    assert stopped.weights == "checkpoint at step 3"  # the label names the weights the model holds
+    assert stopped.weights == "checkpoint at step 3" and stopped.step == 3  # names the weights the model holds
     for name, tensor in stopped.model.state_dict().items():
         assert torch.equal(tensor, load_checkpoint(latest_checkpoint(run)).model[name]), name
     assert main([*args, "--resume"]) == 0
     final = load_checkpoint(latest_checkpoint(run))
     assert final.step == 6 and (run / FINAL_WEIGHTS).is_file()
     shutil.rmtree(run / "checkpoints")  # what a finished sweep record keeps
-    path, cfg, task, model, weights = load_trained(run)
-    assert weights == "final" and path == run
+    path, cfg, task, model, weights, step = load_trained(run)
+    assert weights == "final" and path == run and step == 6
     assert not model.training and cfg.train.steps == 6
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, final.model[name]), name

@@ -62,7 +62,7 @@ def collect_latents(
         raise ValueError(f"num={num} must be >= 1")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    run_dir, cfg, task, model, weights = run if isinstance(run, TrainedRun) else load_trained(run)
+    run_dir, cfg, task, model, weights, _step = run if isinstance(run, TrainedRun) else load_trained(run)
     if task.latent_probe is None:
         analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe)
         raise ValueError(f"{run_dir}: latent codes are extracted for {analysed} runs, not {cfg.data.task!r} ones")

@@ -11,7 +11,7 @@ def run(args: argparse.Namespace) -> int:
     from hyla.train.rundir import load_trained
 
     try:
-        _path, cfg, task, model, _weights = load_trained(args.run)
+        _path, cfg, task, model, _weights, _step = load_trained(args.run)
     except ValueError as err:
         print(f"hyla generate: error: {err}", file=sys.stderr)
         return 2

@@ -119,6 +119,8 @@ class TrainedRun(NamedTuple):
     model: Transformer
     #: which weights ``model`` holds: ``"final"`` or ``"checkpoint at step N"``
     weights: str
+    #: the optimizer updates those weights had (a finished run's: its ``train.steps``)
+    step: int
 
 
 def load_trained(run_dir: str | Path) -> TrainedRun:
@@ -136,13 +138,13 @@ def load_trained(run_dir: str | Path) -> TrainedRun:
     model = build_model(cfg, task)
     if (run_dir / FINAL_WEIGHTS).is_file():
         model.load_state_dict(load_weights(run_dir / FINAL_WEIGHTS))
-        return TrainedRun(run_dir, cfg, task, model.eval(), "final")
+        return TrainedRun(run_dir, cfg, task, model.eval(), "final", cfg.train.steps)
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise ValueError(f"{run_dir} has neither final weights ({FINAL_WEIGHTS}) nor a checkpoint")
     state = load_checkpoint(ckpt)
     model.load_state_dict(state.model)
-    return TrainedRun(run_dir, cfg, task, model.eval(), f"checkpoint at step {state.step}")
+    return TrainedRun(run_dir, cfg, task, model.eval(), f"checkpoint at step {state.step}", state.step)
 
 
 # ------------------------------------------------------------------------------ records read back
