@@ -30,10 +30,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # ours only: the ``theirs`` step runs in the authors' venv, where our package is absent
+    from hyla.models import Transformer
+    from hyla.tasks.base import Task
+    from hyla.train.config import ExperimentConfig
 
 #: our attention preset -> their sequence_mixer
 MIXERS = {"hyla": "linear_hypatt", "softmax": "softmax_attention", "linear": "linear_attention"}
@@ -129,7 +136,9 @@ def ours(args: argparse.Namespace) -> None:
     print(f"wrote {args.out / 'ours.npz'}: {weights}, {args.num} {args.split} problems, loss {loss.item():.6f}")
 
 
-def our_updates(model, task, cfg, start: int, steps: int, seed: int, layout: dict[str, int]) -> dict[str, np.ndarray]:
+def our_updates(
+    model: Transformer, task: Task, cfg: ExperimentConfig, start: int, steps: int, seed: int, layout: dict[str, int]
+) -> dict[str, np.ndarray]:
     """``steps`` of our training updates from schedule step ``start`` (fresh AdamW moments, as after
     :func:`~hyla.train.optim.build_optimizer`), in eval mode (attention dropout off: the one random part
     of a step, whose draws cannot match across libraries), on ``train`` batches of the run's batch size.
@@ -167,7 +176,9 @@ def our_updates(model, task, cfg, start: int, steps: int, seed: int, layout: dic
     }
 
 
-def their_updates(model, loss_fn, params, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def their_updates(
+    model: Any, loss_fn: Callable[..., Any], params: dict[str, Any], data: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """Their optimizer as their run.py builds it (optax.adamw, weight decay masked to ``ndim != 1``,
     ``warmup_cosine_decay_schedule(0, lr, warmup, steps - warmup, 0.1 lr)``) on our batches. The updates
     read our learning rates (so that a trained model can start mid-schedule); their schedule itself is
