@@ -1,0 +1,76 @@
+"""benchmarks/refit_weights.py keeps a record's weights only when its retrain retraces the record."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyla.train.checkpoint import load_weights
+from hyla.train.config import load_config
+from hyla.train.loop import Trainer
+from hyla.train.rundir import FINAL_WEIGHTS, load_trained
+from tiny import tiny_overrides
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_weights.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import refit_weights as refit  # noqa: E402
+
+
+def _record(tmp_path: Path, backend_until: tuple[int, str] | None) -> Path:
+    """A finished tiny HYLA run with attention dropout whose weights are then dropped, as the finished
+    fuzzy-logic records kept none; ``backend_until`` trains its first steps on another backend."""
+    overrides = [*tiny_overrides(steps=12, every=4), "model.attention=hyla", "model.attention_dropout=0.1"]
+    record = tmp_path / "record"
+    torch.set_num_threads(1)
+    for stop_at, backend in [backend_until, (None, None)] if backend_until else [(None, None)]:
+        extra = [f"model.attention_backend={backend}"] if backend else []
+        cfg = load_config("fuzzy_logic", overrides + extra)
+        trainer = Trainer(cfg, record, resume=(record / "checkpoints").exists(), quiet=True)
+        trainer.stop_at_step = stop_at
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    (record / FINAL_WEIGHTS).rename(tmp_path / "original.safetensors")
+    return record
+
+
+def test_a_retrain_that_retraces_the_record_keeps_its_weights(tmp_path: Path) -> None:
+    record = _record(tmp_path, backend_until=(8, "direct"))
+    # without the phase its first steps round as today's kernel does, and the check notices
+    assert refit.main([str(record), "--work", str(tmp_path / "today"), "--max-minutes", "5"]) == 1
+    assert not (record / FINAL_WEIGHTS).exists()
+    assert refit.main([str(record), "--work", str(tmp_path / "work"), "--phase", "8=direct"]) == 0
+    kept = load_weights(record / FINAL_WEIGHTS)
+    original = load_weights(tmp_path / "original.safetensors")
+    assert kept.keys() == original.keys()
+    assert all(torch.equal(kept[k], original[k]) for k in kept)
+    note = json.loads((record / refit.REFIT_NOTE).read_text())
+    assert note["phases"] == ["8=direct"] and note["equal"] == note["compared"] > 0
+    assert load_trained(record).weights == "final"
+
+
+def test_a_retrain_that_drifts_from_the_record_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    record = _record(tmp_path, backend_until=None)
+    lines = [json.loads(line) for line in (record / "metrics.jsonl").read_text().splitlines()]
+    lines[-1] = {**lines[-1], "loss": lines[-1]["loss"] * (1 + 1e-6)}  # one value off by float32 noise
+    (record / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    assert refit.main([str(record), "--work", str(tmp_path / "work")]) == 1
+    assert not (record / FINAL_WEIGHTS).exists() and not (record / refit.REFIT_NOTE).exists()
+    assert "differs: step 12" in capsys.readouterr().out
+    # the same retrain passes once the tolerance admits the change, and then keeps the weights
+    assert refit.main([str(record), "--work", str(tmp_path / "work"), "--rtol", "1e-5"]) == 0
+    assert (record / FINAL_WEIGHTS).is_file()
+
+
+@pytest.mark.parametrize(
+    ("phases", "message"),
+    [(["8direct"], "STEP=BACKEND"), (["12=direct"], "1..11"), (["4=direct", "4=auto"], "each STEP once")],
+)
+def test_bad_phases_are_named(phases: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        refit.parse_phases(phases, 12)
