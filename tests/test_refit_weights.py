@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,17 @@ from tiny import tiny_overrides
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_weights.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import refit_weights as refit  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    """The records and the script train on one thread, as the paper runs did; later tests in this worker
+    compare against runs in subprocesses with the default count, so the count goes back."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _record(tmp_path: Path, backend_until: tuple[int, str] | None) -> Path:
