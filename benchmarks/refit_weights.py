@@ -37,7 +37,7 @@ from typing import Any
 
 from hyla.sweep.cli import BUDGET_MARGIN_S
 from hyla.sweep.groups import provenance
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
+from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Trainer
 from hyla.train.rundir import FINAL_WEIGHTS, read_run
@@ -77,11 +77,10 @@ def train(record: Path, work: Path, phases: list[tuple[int, str]], deadline: flo
     torch.set_num_threads(1)  # as the records were trained
     total = phase_config(record, None).train.steps
     for stop_at, backend in [*phases, (total, None)]:
-        ckpt = latest_checkpoint(work) if work.exists() else None
-        step = load_checkpoint(ckpt).step if ckpt is not None else 0
-        if step >= stop_at:
+        step = checkpoint_step(work)
+        if step is not None and step >= stop_at:
             continue
-        trainer = Trainer(phase_config(record, backend), work, resume=ckpt is not None, quiet=True)
+        trainer = Trainer(phase_config(record, backend), work, resume=step is not None, quiet=True)
         trainer.stop_at_step = stop_at if stop_at < total else None
         trainer.deadline = deadline
         try:
