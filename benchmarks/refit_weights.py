@@ -29,15 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hyla.sweep.cli import BUDGET_MARGIN_S
+from hyla.sweep.cli import budget_deadline
 from hyla.sweep.groups import provenance
-from hyla.train.checkpoint import checkpoint_step
+from hyla.train.checkpoint import checkpoint_step, load_weights, save_weights
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Trainer
 from hyla.train.rundir import FINAL_WEIGHTS, read_run
@@ -138,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         phases = parse_phases(args.phase, cfg.train.steps)
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    deadline = None
-    if args.max_minutes is not None:
-        deadline = time.monotonic() + args.max_minutes * 60 - min(BUDGET_MARGIN_S, 6 * args.max_minutes)
+    deadline = None if args.max_minutes is None else budget_deadline(time.monotonic(), args.max_minutes)
 
     t0 = time.monotonic()
     step = train(record, work, phases, deadline)
@@ -158,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if step < cfg.train.steps:
         print("out of time: run the same command again to continue")
         return 0
-    shutil.copyfile(work / FINAL_WEIGHTS, record / (FINAL_WEIGHTS + ".tmp"))
-    (record / (FINAL_WEIGHTS + ".tmp")).replace(record / FINAL_WEIGHTS)
+    save_weights(record / FINAL_WEIGHTS, load_weights(work / FINAL_WEIGHTS))
     note = {
         "made_by": "benchmarks/refit_weights.py: retrained from config.yaml, checked against metrics.jsonl",
         "phases": [f"{s}={b}" for s, b in phases],

@@ -24,6 +24,12 @@ LAUNCHERS = ("local", "slurm", "submitit-local")
 BUDGET_MARGIN_S = 30.0
 
 
+def budget_deadline(start: float, max_minutes: float) -> float:
+    """The ``time.monotonic()`` by which training stops for a ``--max-minutes`` budget begun at ``start``:
+    a margin (at most ``BUDGET_MARGIN_S``, less for tiny budgets) is left to write checkpoints and records."""
+    return start + max_minutes * 60 - min(BUDGET_MARGIN_S, 6 * max_minutes)
+
+
 def parse_slurm(items: list[str]) -> dict[str, Any]:
     """``--slurm KEY=VALUE`` (repeatable): numbers read as numbers."""
     values: dict[str, Any] = {}
@@ -102,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.launcher != "local":
         return submit(groups, sweep, root, args.launcher, args.device, args.override)
-    deadline = None
-    if args.max_minutes is not None:
-        deadline = t_start + args.max_minutes * 60 - min(BUDGET_MARGIN_S, 6 * args.max_minutes)
+    deadline = None if args.max_minutes is None else budget_deadline(t_start, args.max_minutes)
     print(f"{sweep.name}: {len(pending)} of {len(specs)} runs to train into {root}", flush=True)
     try:
         finished = train_groups(
