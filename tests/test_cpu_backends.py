@@ -24,6 +24,7 @@ from hyla.attention.kernels import (
     manual_backward_unsupported_reason,
 )
 from hyla.attention.kernels.c import wrapper as c_wrapper
+from tiny import torch_threads
 
 #: every test here compares CPU code paths against each other (tolerances in each test)
 pytestmark = pytest.mark.float_sensitive
@@ -108,14 +109,10 @@ def test_bfloat16_manual_backward_and_not_fused_cpu() -> None:
 
 def test_fused_cpu_same_result_with_one_or_many_threads() -> None:
     config, mask = attention_preset("hyla"), MASKS["random_Bx1xQxK"]()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = _compare("fused_cpu", config, mask, (H, Q, K))
-        torch.set_num_threads(max(threads, 3))
+    with torch_threads(max(torch.get_num_threads(), 3)):
         many = _compare("fused_cpu", config, mask, (H, Q, K))
-    finally:
-        torch.set_num_threads(threads)
     assert max(one) < 1e-12 and max(many) < 1e-12, (one, many)
 
 

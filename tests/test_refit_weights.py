@@ -14,7 +14,7 @@ from hyla.train.checkpoint import load_weights
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
 from hyla.train.rundir import FINAL_WEIGHTS, load_trained
-from tiny import tiny_overrides
+from tiny import tiny_overrides, torch_threads
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_weights.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -25,11 +25,8 @@ import refit_weights as refit  # noqa: E402
 def _restore_threads() -> Iterator[None]:
     """The records and the script train on one thread, as the paper runs did; later tests in this worker
     compare against runs in subprocesses with the default count, so the count goes back."""
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _record(tmp_path: Path, backend_until: tuple[int, str] | None) -> Path:

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from hyla.analysis.paper_report import sweep_section
@@ -23,7 +22,7 @@ from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
 from hyla.train.rundir import run_state
 from hyla.train.sweepfile import check_slurm, load_sweep
-from tiny import tiny_overrides
+from tiny import tiny_overrides, torch_threads
 
 #: the tiny size of the sweeps here
 TINY_SWEEP_OVERRIDES = tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -493,12 +492,8 @@ def test_parallel_jobs_write_the_records_of_one_job(
 ) -> None:
     path = two_rows_two_seeds(tmp_path)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one thread per worker
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the one-job run in this process: the same arithmetic
-    try:
+    with torch_threads(1):  # the one-job run in this process: the same arithmetic
         assert main(["sweep", str(path), "--root", str(tmp_path / "one")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     capsys.readouterr()
     assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,6 +43,21 @@ def tiny_overrides(
         "model.attention_dropout=0",
     ]
     return overrides + ([f"train.warmup_steps={warmup_steps}"] if warmup_steps is not None else [])
+
+
+@contextmanager
+def torch_threads(count: int | None = None) -> Iterator[None]:
+    """Run the block with torch on ``count`` threads (``None``: leave it), then give back the count it had:
+    tests that change it must not leak it to the next test on their xdist worker."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        if count is not None:
+            torch.set_num_threads(count)
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sigterm_after_step(trainer: Any, step: int) -> None:
