@@ -112,6 +112,9 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
         assert f"| {row} | {row}-lr0.001-seed0 |" in section
     figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", section)
     assert figures and all((tmp_path / "out" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
+    # the sweep's name leads every figure's name: two sweeps' sections never overwrite each other's pictures
+    assert all(Path(f).name.startswith("table_a1_tiny_") for f in figures)
+    assert "not computed (needs >= 3 runs; 2 here)" in section and "nan" not in section
     # Fig. 5B/5E: training and held-out tasks' codes, softmax beside HYLA in one table row per picture
     table = [line for line in section.splitlines() if line.startswith("| training tasks (ID)") or "(OOD)" in line]
     assert len(table) == 6 and all(line.count("![") == 2 for line in table)

@@ -42,6 +42,14 @@ def test_mean_and_standard_error() -> None:
         mean_se([])
 
 
+def test_permutation_p_values_at_their_floor_read_as_a_bound() -> None:
+    from hyla.analysis.latent_summary import p_value_text
+
+    assert p_value_text(1 / 1001, 1000) == "<= 0.001"  # no permutation reached the observed statistic
+    assert p_value_text(2 / 1001, 1000) == "0.002"
+    assert p_value_text(1 / 11, 10) == "<= 0.091" and p_value_text(0.5, 10) == "0.5"
+
+
 def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None:
     runs = [fake_run(tmp_path, "h", s, ood) for s, ood in ((0, 0.6), (1, 0.7), (2, 0.8))]
     runs += [fake_run(tmp_path, "s", 0, 0.5, **{"model.attention": "softmax"})]

@@ -134,11 +134,15 @@ def topographic_similarity(
     }
 
 
+#: fewer runs than this give no correlation across runs
+MIN_RUNS_TO_CORRELATE = 3
+
+
 def correlation_across_runs(topsim: list[float], ood: list[float]) -> dict:
     """Spearman correlation between runs' topographic similarity and their OOD accuracy."""
     pairs = [(t, o) for t, o in zip(topsim, ood) if np.isfinite(t) and np.isfinite(o)]
-    if len(pairs) < 3:
-        return {"spearman": float("nan"), "num_runs": len(pairs), "note": "needs >= 3 runs"}
+    if len(pairs) < MIN_RUNS_TO_CORRELATE:
+        return {"spearman": float("nan"), "num_runs": len(pairs), "note": f"needs >= {MIN_RUNS_TO_CORRELATE} runs"}
     if len({t for t, _ in pairs}) == 1 or len({o for _, o in pairs}) == 1:
         return {"spearman": float("nan"), "num_runs": len(pairs), "note": "a constant input: undefined"}
     res = spearmanr(*zip(*pairs))

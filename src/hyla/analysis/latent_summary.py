@@ -146,11 +146,23 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
 
 
+def p_value_text(p_value: float, permutations: int) -> str:
+    """A permutation test's p-value; at its floor, ``1 / (permutations + 1)``, as an upper bound."""
+    floor = 1 / (permutations + 1)
+    return f"<= {floor:.2g}" if p_value <= floor * (1 + 1e-9) else f"{p_value:.3g}"
+
+
 def latent_section(
-    groups: dict[str, list[RunRecord]], labels: dict[str, str], out: Path, num: int, permutations: int
+    groups: dict[str, list[RunRecord]],
+    labels: dict[str, str],
+    out: Path,
+    num: int,
+    permutations: int,
+    figure_prefix: str = "",
 ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
-    trained weights (final, else its latest checkpoint; figures for the first run of each configuration)."""
+    trained weights (final, else its latest checkpoint; figures for the first run of each configuration).
+    Every figure's file name starts with ``figure_prefix``: sections that share ``out`` stay apart."""
     from hyla.analysis.plots import probe_by_layer_plot, scatter_plot
     from hyla.train.rundir import has_trained_weights
 
@@ -160,7 +172,7 @@ def latent_section(
         for r in members:
             if not has_trained_weights(r.path):
                 continue
-            prefix = f"{_slug(labels[key])}_{_slug(r.name)}_"
+            prefix = f"{figure_prefix}{_slug(labels[key])}_{_slug(r.name)}_"
             res = analyze_run(r.path, num, permutations, None if drawn else out, prefix)
             res["label"], res["name"] = labels[key], r.name
             figures += [name for by_kind in res.get("figures", {}).values() for name in by_kind.values()]
@@ -188,8 +200,8 @@ def latent_section(
                 f"| {res['label']} | {res['name']} | {res['weights']} | {100 * ts['ood_acc']:.2f} "
                 f"| {100 * every['ood_acc']:.1f} "
                 f"| {100 * pr['chance']:.1f} | {100 * every['shuffled_label_ood_acc']:.1f} "
-                f"| {ts['slots']['rho']:.3f} ({ts['slots']['p_value']:.3g}) "
-                f"| {ts['semantic']['rho']:.3f} ({ts['semantic']['p_value']:.3g}) |"
+                f"| {ts['slots']['rho']:.3f} ({p_value_text(ts['slots']['p_value'], permutations)}) "
+                f"| {ts['semantic']['rho']:.3f} ({p_value_text(ts['semantic']['p_value'], permutations)}) |"
             )
         num_layers = len(results[0]["probe"]["layers"]) - 1
         lines += [
@@ -207,7 +219,7 @@ def latent_section(
                 f"| {res['label']} | {res['name']} | {cells} | {100 * layers['all']['ood_acc']:.1f} "
                 f"| {100 * res['probe']['chance']:.1f} |"
             )
-        name = "probe_by_layer.png"
+        name = f"{figure_prefix}probe_by_layer.png"
         probe_by_layer_plot(
             {
                 f"{res['label']}/{res['name']}": [100 * v["ood_acc"] for v in res["probe"]["layers"].values()]
@@ -218,12 +230,20 @@ def latent_section(
         )
         figures.append(name)
         across = topsim_across_runs([res["topsim"] for res in results])
-        lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
-        for kind, c in across.items():
-            extra = f", p = {c['p_value']:.3g}" if "p_value" in c else f" ({c.get('note', '')})"
-            lines.append(f"- {kind}: {c['spearman']:.3f} over {c['num_runs']} runs{extra}")
+        too_few = min(c["num_runs"] for c in across.values()) < comp.MIN_RUNS_TO_CORRELATE
+        if too_few:
+            lines += [
+                "",
+                "Topographic similarity against OOD accuracy across runs: not computed (needs >= "
+                f"{comp.MIN_RUNS_TO_CORRELATE} runs; {len(results)} here).",
+            ]
+        else:
+            lines += ["", "Across runs, Spearman correlation of topographic similarity with OOD accuracy:", ""]
+            for kind, c in across.items():
+                extra = f", p = {c['p_value']:.3g}" if "p_value" in c else f" ({c.get('note', '')})"
+                lines.append(f"- {kind}: {c['spearman']:.3f} over {c['num_runs']} runs{extra}")
         if len(results) >= 2:
-            name = "topsim_vs_ood.png"
+            name = f"{figure_prefix}topsim_vs_ood.png"
             scatter_plot(
                 [res["topsim"]["slots"]["rho"] for res in results],
                 [100 * res["topsim"]["ood_acc"] for res in results],

@@ -178,7 +178,9 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         if run.path.name in done and has_trained_weights(run.path):
             trained.setdefault(label, []).append(run)
     if trained and latents:
-        section, names, results = latent_section(trained, {k: k for k in trained}, figures, latents, 1000)
+        section, names, results = latent_section(
+            trained, {k: k for k in trained}, figures, latents, 1000, figure_prefix=f"{sweep.name}_"
+        )
         lines += ["### The latent code of the trained models", "", *section, ""]
         lines += [*figure_lines(results, names, f"{figures.name}/"), ""]
     return "\n".join(lines)
