@@ -4,13 +4,30 @@ that the retrain retraces the record, and only then put ``model.safetensors`` be
 Usage (one thread, as the records were trained; resumable: run the same command again)::
 
     python benchmarks/refit_weights.py results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0 \\
-        --work runs/refit/hyla-seed0 --phase 39400=direct --max-minutes 120
+        --work runs/refit/hyla-seed0 --from-commit a9077b3 --phase 39472=direct --cpu-march x86-64-v2
+    ATEN_CPU_CAPABILITY=avx2 python benchmarks/refit_weights.py \\
+        results/sweeps/table_a1_fuzzy/softmax-lr0.001-weight_decay0.1-seed0 --work runs/refit/softmax-seed0 \\
+        --from-commit f558bce
 
 ``--phase STEP=BACKEND`` trains up to ``STEP`` with ``model.attention_backend=BACKEND``: the attention code
-that ran then. The fuzzy-logic HYLA record trained its first 39,400 steps with attention dropout on the
-direct form (commits 8252169, 0298179: the C kernel learned to drop at b82cb3b, which trained the rest);
-today ``auto`` runs the C kernel, whose sums round differently. A phase changes how sums round, nothing
-else (``model.attention_backend`` is a resumable change, see ``hyla.train.loop.RESUMABLE_CHANGES``).
+that ran then. The fuzzy-logic HYLA record trained its first 39,472 steps with attention dropout on the
+direct form (commits 8252169, 0298179; its third piece, at b82cb3b where the C kernel learned to drop,
+resumed from the second piece's stop checkpoint at 39,472, though ``made_by.jsonl`` names the last logged
+step, 39,400); today ``auto`` runs the C kernel, whose sums round differently. A phase changes how sums
+round, nothing else (``model.attention_backend`` is a resumable change, see
+``hyla.train.loop.RESUMABLE_CHANGES``).
+
+Two settings decide how a CPU run's sums round, beside the code: PyTorch's kernels, chosen by the CPU's
+vector width unless ``ATEN_CPU_CAPABILITY`` names one (set it in the environment: it is read when torch
+loads), and the C kernel's ``-march`` target, which ``--cpu-march`` sets (``HYLA_CPU_MARCH``; with
+``-fassociative-math`` the target decides the order of its vectorized sums). Records made since
+2026-11-26 name both in ``made_by.jsonl`` (``cpu_capability``, ``kernel_march``). The fuzzy-logic records
+before came from an AVX2 machine: on a 2-core AMD EPYC with AVX-512, softmax seed 0 is retraced bit for bit
+with ``ATEN_CPU_CAPABILITY=avx2`` only, and HYLA seed 0's C-kernel steps with ``--cpu-march x86-64-v2``
+only (``native``, ``x86-64-v3``, ``x86-64-v4`` and ``znver1-3`` drift from the first logged step on).
+
+``--from-commit C`` starts from the record's own newest checkpoint as committed at ``C`` (runs that trained
+in pieces committed one), instead of from step 0: only the steps after it are retrained and checked.
 
 The check: every metric the retrain logged at a step the record logged must equal the record's
 (``--rtol 0``, the default: the same CPU kind and thread count reproduce a run bit for bit). Evaluations
@@ -27,13 +44,20 @@ On agreement the weights go to ``RECORD/model.safetensors`` and how they were ma
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import os
+import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from hyla.attention.kernels.c.wrapper import MARCH_ENV
 from hyla.sweep.cli import budget_deadline
 from hyla.sweep.groups import provenance
 from hyla.train.checkpoint import checkpoint_step, load_weights, save_weights
@@ -44,6 +68,8 @@ from hyla.train.rundir import FINAL_WEIGHTS, read_run
 #: evaluations inside a ``--phase``: the same weights summed in another order (see the module docstring)
 EVAL_IN_PHASE_RTOL = 1e-5
 REFIT_NOTE = "model.refit.json"
+#: in ``--work``: where a ``--from-commit`` retrain started (commit and step)
+REFIT_START = "refit_start.json"
 
 
 def parse_phases(specs: list[str], total_steps: int) -> list[tuple[int, str]]:
@@ -71,8 +97,6 @@ def phase_config(record: Path, backend: str | None) -> ExperimentConfig:
 def train(record: Path, work: Path, phases: list[tuple[int, str]], deadline: float | None) -> int:
     """Train ``work`` on until the record's last step, a phase's end at a time, or ``deadline``; the step
     reached."""
-    import torch
-
     torch.set_num_threads(1)  # as the records were trained
     total = phase_config(record, None).train.steps
     for stop_at, backend in [*phases, (total, None)]:
@@ -91,16 +115,18 @@ def train(record: Path, work: Path, phases: list[tuple[int, str]], deadline: flo
     return total
 
 
-def agreement(record: Path, work: Path, phases: list[tuple[int, str]], rtol: float) -> dict[str, Any]:
-    """Every (step, split, metric) both logged: how many, how many equal, the largest relative
-    difference, and the rows outside their tolerance."""
+def agreement(
+    record: Path, work: Path, phases: list[tuple[int, str]], rtol: float, after_step: int = -1
+) -> dict[str, Any]:
+    """Every (step, split, metric) both logged after ``after_step``: how many, how many equal, the largest
+    relative difference, and the rows outside their tolerance."""
     last_phase_step = phases[-1][0] if phases else 0
     theirs = {(m["step"], m["split"]): m for m in read_run(record).metrics}
     compared = equal = 0
     worst, failures = 0.0, []
     for row in read_run(work).metrics:
         ref = theirs.get((row["step"], row["split"]))
-        if ref is None:
+        if ref is None or row["step"] <= after_step:
             continue
         in_phase_eval = row["split"] != "train_batch" and row["step"] <= last_phase_step
         tol = max(rtol, EVAL_IN_PHASE_RTOL) if in_phase_eval else rtol
@@ -116,12 +142,34 @@ def agreement(record: Path, work: Path, phases: list[tuple[int, str]], rtol: flo
     return {"compared": compared, "equal": equal, "max_rel": worst, "failures": failures}
 
 
+def start_from_commit(record: Path, work: Path, commit: str) -> int:
+    """Put ``record`` as committed at ``commit`` (its records and newest checkpoint) into the new folder
+    ``work``; the checkpoint's step. Raises ValueError if ``commit`` holds no checkpoint of the record."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=record, capture_output=True)
+
+    prefix = git("rev-parse", "--show-prefix").stdout.decode().strip()
+    archive = git("archive", "--format=tar", commit, "--", ".")
+    if not prefix or archive.returncode != 0:
+        raise ValueError(f"--from-commit {commit}: no {record} there ({archive.stderr.decode().strip()[-300:]})")
+    work.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(work, filter="data")
+    step = checkpoint_step(work)
+    if step is None:
+        raise ValueError(f"--from-commit {commit}: {prefix} has no checkpoint in that commit")
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="a finished run folder (config.yaml, metrics.jsonl)")
     parser.add_argument("--work", type=Path, required=True, help="where the retrain runs (resumed if there)")
     parser.add_argument("--phase", action="append", default=[], metavar="STEP=BACKEND")
     parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit for bit)")
+    parser.add_argument("--from-commit", metavar="C", help="start from the record's checkpoint committed at C")
+    parser.add_argument("--cpu-march", metavar="TARGET", help="-march of the C kernel (HYLA_CPU_MARCH)")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop with a checkpoint before this")
     args = parser.parse_args(argv)
 
@@ -137,11 +185,23 @@ def main(argv: list[str] | None = None) -> int:
         phases = parse_phases(args.phase, cfg.train.steps)
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    if args.cpu_march:  # before anything builds the kernel
+        os.environ[MARCH_ENV] = args.cpu_march
+    start_note = work / REFIT_START
+    if args.from_commit and not work.exists():
+        try:
+            step = start_from_commit(record, work, args.from_commit)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        start_note.write_text(json.dumps({"commit": args.from_commit, "step": step}) + "\n")
+    elif args.from_commit and not start_note.is_file():
+        raise SystemExit(f"--from-commit: {work} already holds a retrain from step 0; name a new --work")
+    start = json.loads(start_note.read_text()) if start_note.is_file() else {"step": 0}
     deadline = None if args.max_minutes is None else budget_deadline(time.monotonic(), args.max_minutes)
 
     t0 = time.monotonic()
     step = train(record, work, phases, deadline)
-    check = agreement(record, work, phases, args.rtol)
+    check = agreement(record, work, phases, args.rtol, after_step=start["step"] - 1)
     print(
         f"{record.name}: retrained to step {step} of {cfg.train.steps} in {work} ({time.monotonic() - t0:.0f} s "
         f"this call); {check['equal']} of {check['compared']} logged values equal to the record, "
@@ -159,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     note = {
         "made_by": "benchmarks/refit_weights.py: retrained from config.yaml, checked against metrics.jsonl",
         "phases": [f"{s}={b}" for s, b in phases],
+        "started_from": start,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_march": os.environ.get(MARCH_ENV) or "native",
         "rtol": args.rtol,
         "compared": check["compared"],
         "equal": check["equal"],

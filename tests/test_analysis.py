@@ -110,6 +110,27 @@ def test_term_probe_planted_and_shuffled() -> None:
     assert term_probe(rng.normal(size=(600, 30)), terms)["r2"] < 0.1
 
 
+def test_term_probe_scores_held_out_combinations_with_the_fit_on_training_ones() -> None:
+    """Codes that add up one direction per literal name the terms of combinations never fitted (OOD R^2
+    high); codes that only tell the training combinations apart (one arbitrary code each) do not."""
+    rng = np.random.default_rng(1)
+    combos = (rng.permutation(256)[:40, None] >> np.arange(8) & 1).astype(bool).reshape(40, 2, 4)
+    fit_ids, ood_ids = rng.integers(0, 30, 500), rng.integers(30, 40, 200)  # 10 combinations held out
+    basis = rng.normal(size=(8, 30))
+
+    def compositional(terms: np.ndarray) -> np.ndarray:
+        return np.where(terms, 1.0, -1.0).reshape(len(terms), -1) @ basis + 0.3 * rng.normal(size=(len(terms), 30))
+
+    train, ood = combos[fit_ids], combos[ood_ids]
+    result = term_probe(compositional(train), train, ood_codes=compositional(ood), ood_terms_MxKxL=ood)
+    assert result["ood_r2"] > 0.9 and result["shuffled_label_ood_r2"] < 0.1 and result["num_ood"] == 200
+    lookup = rng.normal(size=(40, 30))
+    table = term_probe(lookup[fit_ids], train, ood_codes=lookup[ood_ids], ood_terms_MxKxL=ood)
+    assert table["r2"] > 0.9 and table["ood_r2"] < 0.5
+    with pytest.raises(ValueError, match="ood_codes"):
+        term_probe(compositional(train), train, ood_codes=compositional(ood)[:, :5], ood_terms_MxKxL=ood)
+
+
 def test_topographic_similarity_planted_and_noise() -> None:
     rng = np.random.default_rng(0)
     rules = np.array(sorted({tuple(sorted(rng.integers(0, 8, 4))) for _ in range(60)}))[:40]

@@ -118,3 +118,31 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
     # Fig. 5B/5E: training and held-out tasks' codes, softmax beside HYLA in one table row per picture
     table = [line for line in section.splitlines() if line.startswith("| training tasks (ID)") or "(OOD)" in line]
     assert len(table) == 6 and all(line.count("![") == 2 for line in table)
+
+
+def test_trained_fuzzy_runs_get_the_term_probe_on_held_out_combinations(tmp_path: Path) -> None:
+    """Fuzzy logic's latent section: the term probe fit on training combinations, scored on them and on
+    held-out ones, per layer, with its figure."""
+    from tiny import tiny_overrides
+
+    overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=2, steps=4, every=4))
+    spec = {
+        "name": "table_a1_tiny",
+        "config": "fuzzy_logic",
+        "rows": {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        "grid": {"train.lr": [0.001]},
+        "seeds": [0],
+        "overrides": {k: yaml.safe_load(v) for k, v in overrides.items()},
+    }
+    sweep_file = tmp_path / "table_a1_tiny.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(sweep_file), "--root", str(tmp_path / "sweeps")]) == 0
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=64)
+    section = text[text.index("### The latent code of the trained models") :]
+    assert "| term probe R^2 (ID) | term probe R^2 (OOD) |" in section
+    assert "| configuration | run | layer 0 | layer 1 | all |" in section
+    rows = [line for line in section.splitlines() if line.startswith(("| softmax |", "| hyla |"))]
+    assert len(rows) == 4 and "nan" not in section  # both runs, in both tables
+    figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", section)
+    assert [Path(f).name for f in figures] == ["table_a1_tiny_term_probe_by_layer.png"]
+    assert (tmp_path / "out" / figures[0]).read_bytes()[:4] == b"\x89PNG"

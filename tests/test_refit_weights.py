@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hyla.attention.kernels.c.wrapper import MARCH_ENV
 from hyla.train.checkpoint import load_weights
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
@@ -29,13 +31,18 @@ def _restore_threads() -> Iterator[None]:
         yield
 
 
-def _record(tmp_path: Path, backend_until: tuple[int, str] | None) -> Path:
+def _record(tmp_path: Path, backend_until: tuple[int, str] | None, commit_at: int | None = None) -> Path:
     """A finished tiny HYLA run with attention dropout whose weights are then dropped, as the finished
-    fuzzy-logic records kept none; ``backend_until`` trains its first steps on another backend."""
+    fuzzy-logic records kept none; ``backend_until`` trains its first steps on another backend;
+    ``commit_at`` stops the run there once and commits it to a new git repository at ``tmp_path``, as
+    the paper records trained in pieces committed with their newest checkpoint."""
     overrides = [*tiny_overrides(steps=12, every=4), "model.attention=hyla", "model.attention_dropout=0.1"]
     record = tmp_path / "record"
     torch.set_num_threads(1)
-    for stop_at, backend in [backend_until, (None, None)] if backend_until else [(None, None)]:
+    pieces = [backend_until, (None, None)] if backend_until else [(None, None)]
+    if commit_at is not None:
+        pieces.insert(0, (commit_at, None))
+    for stop_at, backend in pieces:
         extra = [f"model.attention_backend={backend}"] if backend else []
         cfg = load_config("fuzzy_logic", overrides + extra)
         trainer = Trainer(cfg, record, resume=(record / "checkpoints").exists(), quiet=True)
@@ -44,6 +51,11 @@ def _record(tmp_path: Path, backend_until: tuple[int, str] | None) -> Path:
             trainer.run()
         finally:
             trainer.close()
+        if stop_at == commit_at:
+            git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+            subprocess.run([*git, "init", "-q"], check=True)
+            subprocess.run([*git, "add", "record"], check=True)
+            subprocess.run([*git, "commit", "-qm", "a piece"], check=True)
     (record / FINAL_WEIGHTS).rename(tmp_path / "original.safetensors")
     return record
 
@@ -61,6 +73,35 @@ def test_a_retrain_that_retraces_the_record_keeps_its_weights(tmp_path: Path) ->
     note = json.loads((record / refit.REFIT_NOTE).read_text())
     assert note["phases"] == ["8=direct"] and note["equal"] == note["compared"] > 0
     assert load_trained(record).weights == "final"
+
+
+def test_a_retrain_from_a_committed_checkpoint_checks_only_the_steps_it_retrained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = _record(tmp_path, backend_until=None, commit_at=6)
+    # a row before the start: the retrain does not redo it, so it is not checked (it would fail)
+    lines = [json.loads(line) for line in (record / "metrics.jsonl").read_text().splitlines()]
+    lines[1] = {**lines[1], "loss": lines[1]["loss"] * 1.01}
+    assert 0 < lines[1]["step"] < 6
+    (record / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    monkeypatch.delenv(MARCH_ENV, raising=False)  # the script sets it for the kernel it would build
+    work = tmp_path / "work"
+    assert refit.main([str(record), "--work", str(work), "--from-commit", "HEAD", "--cpu-march", "native"]) == 0
+    kept, original = load_weights(record / FINAL_WEIGHTS), load_weights(tmp_path / "original.safetensors")
+    assert kept.keys() == original.keys() and all(torch.equal(kept[k], original[k]) for k in original)
+    note = json.loads((record / refit.REFIT_NOTE).read_text())
+    assert note["started_from"] == {"commit": "HEAD", "step": 6} and note["kernel_march"] == "native"
+    assert note["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert note["equal"] == note["compared"] > 0
+
+
+def test_from_commit_names_what_is_missing(tmp_path: Path) -> None:
+    record = _record(tmp_path, backend_until=None, commit_at=6)
+    with pytest.raises(SystemExit, match="--from-commit nosuchcommit"):
+        refit.main([str(record), "--work", str(tmp_path / "w1"), "--from-commit", "nosuchcommit"])
+    (tmp_path / "w2").mkdir()
+    with pytest.raises(SystemExit, match="already holds a retrain from step 0"):
+        refit.main([str(record), "--work", str(tmp_path / "w2"), "--from-commit", "HEAD"])
 
 
 def test_a_retrain_that_drifts_from_the_record_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

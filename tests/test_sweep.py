@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from hyla.analysis.paper_report import sweep_section
@@ -209,6 +210,9 @@ def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
     assert "2 runs finished now" in capsys.readouterr().out
     made = json.loads((tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0" / "made_by.jsonl").read_text())
     assert made["stacked_with"] == 2
+    # what a bit-exact retrain must pin: PyTorch's CPU kernels and the C kernel's -march
+    assert made["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert made["kernel_march"] == (os.environ.get("HYLA_CPU_MARCH") or "native")
     assert run_state(tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0") == "done"
 
 

@@ -50,14 +50,18 @@ def probe_markdown(result: dict) -> list[str]:
             acc, train, ctl = (100 * v[m] for m in ("ood_acc", "train_acc", "shuffled_label_ood_acc"))
             lines.append(f"| {k} | {acc:.1f} | {train:.1f} | {ctl:.1f} |")
         return lines
+    ood = "num_ood" in result
     lines = [
-        f"Term probe: ridge R^2 of the term literals from the code, fit on {result['num_fit']} sequences, "
-        f"scored on {result['num'] - result['num_fit']}.",
+        f"Term probe: ridge R^2 of the term literals from the code, fit on {result['num_fit']} sequences of "
+        f"training combinations, scored on {result['num'] - result['num_fit']} others"
+        + (f" and on {result['num_ood']} of held-out combinations (OOD)." if ood else "."),
         "",
-        "| layer | R^2 | shuffled-label control |",
-        "|---|---|---|",
+        "| layer | R^2 | shuffled-label control |" + (" OOD R^2 | OOD shuffled control |" if ood else ""),
+        "|---|---|---|" + ("---|---|" if ood else ""),
     ]
-    lines += [f"| {k} | {v['r2']:.3f} | {v['shuffled_label_r2']:.3f} |" for k, v in result["layers"].items()]
+    for k, v in result["layers"].items():
+        row = f"| {k} | {v['r2']:.3f} | {v['shuffled_label_r2']:.3f} |"
+        lines.append(row + (f" {v['ood_r2']:.3f} | {v['shuffled_label_ood_r2']:.3f} |" if ood else ""))
     return lines
 
 
@@ -65,10 +69,10 @@ def run_probe(run_dir: str | Path, num: int, latents: dict | None = None) -> dic
     """Probe result of a run (``latents``: already extracted ``{"test": ..., "ood": ...}`` to reuse)."""
     latents = latents if latents is not None else {}
     test = latents.get("test") or collect_latents(run_dir, "test", num)
+    ood = latents.get("ood") or collect_latents(run_dir, "ood", num)
     if latent_probe(run_dir) == "rule":
-        ood = latents.get("ood") or collect_latents(run_dir, "ood", num)
         return rule_probe(test, ood)
-    return term_probe(test["codes"], test["terms"])
+    return term_probe(test["codes"], test["terms"], ood_codes=ood["codes"], ood_terms_MxKxL=ood["terms"])
 
 
 def run_topsim(
@@ -104,10 +108,9 @@ def analyze_run(
     from hyla.analysis.plots import sraven_latent_figures
 
     trained = load_trained(run_dir)
-    lat = {"test": collect_latents(trained, "test", num)}
+    lat = {split: collect_latents(trained, split, num) for split in FIGURE_SPLITS}
     out: dict[str, object] = {"run": str(run_dir), "task": trained.config.data.task, "weights": trained.weights}
     if trained.task.latent_probe == "rule":
-        lat["ood"] = collect_latents(trained, "ood", num)
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
             out["figures"] = {
@@ -255,16 +258,45 @@ def latent_section(
             figures.append(name)
     else:
         lines = [
-            "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
-            f"{num} sequences of training combinations (`test`). Term probe: ridge R^2 of the +-1 term "
-            "literals from the code pooled over context "
-            "keys, fit on half, scored on the other half; control = fit on shuffled labels.",
+            "Final weights (else the latest checkpoint: column `weights`) of each run; codes at the last query "
+            f"of {num} sequences of training combinations (`test`) and {num} of held-out combinations (`ood`). "
+            "Term probe: ridge R^2 of the +-1 term literals from the code pooled over the context keys, fit "
+            "on half of the `test` sequences, scored on the other half (ID) and on the `ood` ones; control = "
+            "fit on shuffled labels.",
             "",
-            "| configuration | run | weights | term probe R^2 | shuffled control |",
-            "|---|---|---|---|---|",
+            "| configuration | run | weights | term probe R^2 (ID) | term probe R^2 (OOD) | shuffled control "
+            "(ID / OOD) |",
+            "|---|---|---|---|---|---|",
         ]
         for res in results:
             pr = res["probe"]
-            r2, ctl = pr["r2"], pr["shuffled_label_r2"]
-            lines.append(f"| {res['label']} | {res['name']} | {res['weights']} | {r2:.3f} | {ctl:.3f} |")
+            lines.append(
+                f"| {res['label']} | {res['name']} | {res['weights']} | {pr['r2']:.3f} | {pr['ood_r2']:.3f} "
+                f"| {pr['shuffled_label_r2']:.3f} / {pr['shuffled_label_ood_r2']:.3f} |"
+            )
+        num_layers = len(results[0]["probe"]["layers"]) - 1
+        lines += [
+            "",
+            "Term probe per layer: R^2 on held-out combinations (OOD) of decoding the terms from that layer's "
+            "code, fit on training combinations.",
+            "",
+            "| configuration | run | " + " | ".join(f"layer {i}" for i in range(num_layers)) + " | all |",
+            "|---|---|" + "---|" * (num_layers + 1),
+        ]
+        for res in results:
+            layers = res["probe"]["layers"]
+            cells = " | ".join(f"{layers[str(i)]['ood_r2']:.3f}" for i in range(num_layers))
+            lines.append(f"| {res['label']} | {res['name']} | {cells} | {layers['all']['ood_r2']:.3f} |")
+        name = f"{figure_prefix}term_probe_by_layer.png"
+        probe_by_layer_plot(
+            {
+                f"{res['label']}/{res['name']}": [v["ood_r2"] for v in res["probe"]["layers"].values()]
+                for res in results
+            },
+            0.0,  # a probe that knows nothing scores R^2 <= 0
+            out / name,
+            ylabel="OOD term-probe R^2",
+            baseline_label="no information (R^2 = 0)",
+        )
+        figures.append(name)
     return lines, figures, results

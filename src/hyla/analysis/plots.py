@@ -160,14 +160,19 @@ def scatter_plot(
 
 
 def probe_by_layer_plot(
-    accuracy: dict[str, list[float]], chance: float, out: Path, ylabel: str = "OOD rule accuracy (%)"
+    accuracy: dict[str, list[float]],
+    chance: float,
+    out: Path,
+    ylabel: str = "OOD rule accuracy (%)",
+    baseline_label: str = "chance",
 ) -> Path:
-    """Fig. 5F: ``accuracy[run] = [layer 0, layer 1, ..., all layers]`` (%), one line per run, chance dashed."""
+    """Fig. 5F: ``accuracy[run] = [layer 0, layer 1, ..., all layers]`` (%), one line per run, chance dashed
+    (or any score per layer, with its no-information level as ``chance``)."""
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for name, values in accuracy.items():
         ax.plot(range(len(values)), values, marker="o", label=name)
     num = max(len(v) for v in accuracy.values())
-    ax.axhline(chance, color="grey", linestyle="--", label="chance")
+    ax.axhline(chance, color="grey", linestyle="--", label=baseline_label)
     ax.set_xticks(range(num), [f"layer {i}" for i in range(num - 1)] + ["all"])
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

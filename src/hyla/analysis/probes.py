@@ -71,41 +71,74 @@ def key_pooled(codes_NxLxKxH: np.ndarray) -> np.ndarray:
     return np.concatenate([codes_NxLxKxH.mean(2).reshape(n, -1), codes_NxLxKxH.std(2).reshape(n, -1)], axis=1)
 
 
-def _ridge_r2(
-    x: np.ndarray, y: np.ndarray, fit: np.ndarray, score: np.ndarray, shuffled_fit: np.ndarray
-) -> tuple[float, float]:
-    """R^2 on ``score`` of ridge fits on ``fit`` with the true and with the shuffled labels."""
+def _ridge_scores(
+    x: np.ndarray,
+    y: np.ndarray,
+    fit: np.ndarray,
+    score: np.ndarray,
+    shuffled_fit: np.ndarray,
+    x_ood: np.ndarray | None = None,
+    y_ood: np.ndarray | None = None,
+) -> dict[str, float]:
+    """R^2 on ``score`` (and on ``x_ood``, ``y_ood`` when given) of ridge fits on ``fit`` with the true and
+    with the shuffled labels."""
     alphas = np.logspace(-3, 3, 13)
     model = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[fit])
     shuffled = make_pipeline(StandardScaler(), RidgeCV(alphas=alphas)).fit(x[fit], y[shuffled_fit])
-    return float(model.score(x[score], y[score])), float(shuffled.score(x[score], y[score]))
+    out = {"r2": float(model.score(x[score], y[score])), "shuffled_label_r2": float(shuffled.score(x[score], y[score]))}
+    if x_ood is not None and y_ood is not None:
+        out["ood_r2"] = float(model.score(x_ood, y_ood))
+        out["shuffled_label_ood_r2"] = float(shuffled.score(x_ood, y_ood))
+    return out
 
 
-def term_probe(codes: np.ndarray, terms_NxKxL: np.ndarray, seed: int = 0) -> dict:
+def term_probe(
+    codes: np.ndarray,
+    terms_NxKxL: np.ndarray,
+    seed: int = 0,
+    ood_codes: np.ndarray | None = None,
+    ood_terms_MxKxL: np.ndarray | None = None,
+) -> dict:
     """Ridge R^2 of the term literals (+-1) from features of the code; fit on half, scored on the rest.
 
     ``codes`` is either the extracted ``(N, layers, keys, heads)`` array (pooled over keys, see
     :func:`key_pooled`; then also scored per layer under ``layers``) or any ``(N, features)`` matrix.
     R^2 is sklearn's, averaged uniformly over the K*L literals. The ridge strength is chosen by
-    cross-validation on the fitting half. Control: the same fit with the sequences' labels shuffled."""
+    cross-validation on the fitting half. Control: the same fit with the sequences' labels shuffled.
+    With ``ood_codes`` and ``ood_terms_MxKxL`` (sequences of held-out term combinations, same layout) the
+    same fits are also scored there (``ood_r2``, ``shuffled_label_ood_r2``): whether the code of a new
+    combination still names its terms, the fuzzy-logic counterpart of :func:`rule_probe`."""
     n = len(codes)
     if n < 8 or len(terms_NxKxL) != n:
         raise ValueError(
             f"term_probe needs >= 8 sequences, one terms entry each; got {n} codes, {len(terms_NxKxL)} terms"
         )
+    with_ood = ood_codes is not None and ood_terms_MxKxL is not None
+    if with_ood and (len(ood_codes) != len(ood_terms_MxKxL) or ood_codes.shape[1:] != codes.shape[1:]):
+        raise ValueError(
+            f"term_probe: ood_codes {ood_codes.shape} must match codes {codes.shape} past the first axis, "
+            f"one ood_terms entry each (got {len(ood_terms_MxKxL)})"
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     fit, score = order[: n // 2], order[n // 2 :]
     shuffled_fit = rng.permutation(fit)
-    y = np.where(terms_NxKxL, 1.0, -1.0).reshape(n, -1)
+
+    def literals(terms: np.ndarray) -> np.ndarray:
+        return np.where(terms, 1.0, -1.0).reshape(len(terms), -1)
+
+    y, y_ood = literals(terms_NxKxL), literals(ood_terms_MxKxL) if with_ood else None
     layers = {}
     if codes.ndim == 4:
-        x = key_pooled(codes)
         for layer in range(codes.shape[1]):
-            r2, ctl = _ridge_r2(key_pooled(codes[:, layer : layer + 1]), y, fit, score, shuffled_fit)
-            layers[str(layer)] = {"r2": r2, "shuffled_label_r2": ctl}
+            x_ood = key_pooled(ood_codes[:, layer : layer + 1]) if with_ood else None
+            x = key_pooled(codes[:, layer : layer + 1])
+            layers[str(layer)] = _ridge_scores(x, y, fit, score, shuffled_fit, x_ood, y_ood)
+        x, x_ood = key_pooled(codes), key_pooled(ood_codes) if with_ood else None
     else:
-        x = codes.reshape(n, -1)
-    r2, ctl = _ridge_r2(x, y, fit, score, shuffled_fit)
-    layers["all"] = {"r2": r2, "shuffled_label_r2": ctl}
-    return {"r2": r2, "shuffled_label_r2": ctl, "num": int(n), "num_fit": len(fit), "layers": layers}
+        x, x_ood = codes.reshape(n, -1), ood_codes.reshape(len(ood_codes), -1) if with_ood else None
+    layers["all"] = _ridge_scores(x, y, fit, score, shuffled_fit, x_ood, y_ood)
+    result = {**layers["all"], "num": int(n), "num_fit": len(fit), "layers": layers}
+    if with_ood:
+        result["num_ood"] = len(ood_codes)
+    return result

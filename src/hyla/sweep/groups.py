@@ -2,12 +2,14 @@
 
 The grouping and the engine are the planner's (:mod:`hyla.train.plan`, shared with ``hyla train``); the
 run directories' states and ``made_by.jsonl`` are :mod:`hyla.train.rundir`'s. Here: what a piece records
-(commit, machine, device, steps, wall time) and the training of one group until done, a deadline or a stop.
+(commit, machine, device, on CPU what decides how its sums round, steps, wall time) and the training of one
+group until done, a deadline or a stop.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 import time
@@ -16,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from hyla.attention.kernels.c.wrapper import MARCH_ENV
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import CONFIG_DIR, ExperimentConfig
@@ -64,12 +69,16 @@ def provenance(device: str) -> dict[str, Any]:
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))
-    return {
+    made = {
         "commit": commit + ("+changes" if dirty else ""),
         "machine": f"{platform.node()} {platform.machine()} {cpu_model()}".strip(),
         "device": device_label(device),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if device == "cpu":  # what decides how a CPU run's sums round, so a retrain can pin both
+        made["cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # PyTorch's kernels (ATEN_CPU_CAPABILITY)
+        made["kernel_march"] = os.environ.get(MARCH_ENV, "").strip() or "native"  # the C kernel's -march
+    return made
 
 
 def train_group(
