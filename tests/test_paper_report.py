@@ -85,15 +85,15 @@ def test_report_paper_cli_on_empty_records(tmp_path: Path) -> None:
     assert main(["report", "--out", str(tmp_path)]) == 2
 
 
-def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
-    """Finished runs that kept their weights: the paper report probes their latent code per layer
-    (Fig. 5F) and draws their codes per rule (Fig. 5B/5E), HYLA beside softmax."""
+def _trained_tiny_sweep(tmp_path: Path, config: str) -> Path:
+    """A finished tiny ``table_a1_tiny`` sweep of ``config`` (softmax and HYLA, 2 layers, 4 steps), records in
+    ``tmp_path / "sweeps"``; its sweep file."""
     from tiny import tiny_overrides
 
     overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=2, steps=4, every=4))
     spec = {
         "name": "table_a1_tiny",
-        "config": "sraven",
+        "config": config,
         "rows": {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
         "grid": {"train.lr": [0.001]},
         "seeds": [0],
@@ -102,6 +102,13 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
     sweep_file = tmp_path / "table_a1_tiny.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert main(["sweep", str(sweep_file), "--root", str(tmp_path / "sweeps")]) == 0
+    return sweep_file
+
+
+def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
+    """Finished runs that kept their weights: the paper report probes their latent code per layer
+    (Fig. 5F) and draws their codes per rule (Fig. 5B/5E), HYLA beside softmax."""
+    sweep_file = _trained_tiny_sweep(tmp_path, "sraven")
     for row in ("softmax", "hyla"):
         run = tmp_path / "sweeps" / "table_a1_tiny" / f"{row}-lr0.001-seed0"
         assert (run / "model.safetensors").is_file()
@@ -123,20 +130,7 @@ def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
 def test_trained_fuzzy_runs_get_the_term_probe_on_held_out_combinations(tmp_path: Path) -> None:
     """Fuzzy logic's latent section: the term probe fit on training combinations, scored on them and on
     held-out ones, per layer, with its figure."""
-    from tiny import tiny_overrides
-
-    overrides = dict(o.split("=", 1) for o in tiny_overrides(layers=2, steps=4, every=4))
-    spec = {
-        "name": "table_a1_tiny",
-        "config": "fuzzy_logic",
-        "rows": {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
-        "grid": {"train.lr": [0.001]},
-        "seeds": [0],
-        "overrides": {k: yaml.safe_load(v) for k, v in overrides.items()},
-    }
-    sweep_file = tmp_path / "table_a1_tiny.yaml"
-    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    assert main(["sweep", str(sweep_file), "--root", str(tmp_path / "sweeps")]) == 0
+    sweep_file = _trained_tiny_sweep(tmp_path, "fuzzy_logic")
     text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=64)
     section = text[text.index("### The latent code of the trained models") :]
     assert "| term probe R^2 (ID) | term probe R^2 (OOD) |" in section

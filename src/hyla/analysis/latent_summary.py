@@ -155,6 +155,43 @@ def p_value_text(p_value: float, permutations: int) -> str:
     return f"<= {floor:.2g}" if p_value <= floor * (1 + 1e-9) else f"{p_value:.3g}"
 
 
+def _probe_by_layer(
+    results: list[dict[str, Any]],
+    caption: str,
+    metric: tuple[str, float, int],
+    baseline: tuple[float, str, str],
+    figure: Path,
+) -> list[str]:
+    """The per-layer table of a probe score (``metric`` = key in each layer's result, scale, decimals) and its
+    figure (:func:`~hyla.analysis.plots.probe_by_layer_plot`; ``baseline`` = no-information level, its
+    label, the y label); rule probes also list their chance level per run."""
+    from hyla.analysis.plots import probe_by_layer_plot
+
+    key, scale, digits = metric
+    has_chance = "chance" in results[0]["probe"]
+    num_layers = len(results[0]["probe"]["layers"]) - 1
+    head = "| configuration | run | " + " | ".join(f"layer {i}" for i in range(num_layers)) + " | all |"
+    lines = [
+        "",
+        caption,
+        "",
+        head + (" chance |" if has_chance else ""),
+        "|---|---|" + "---|" * (num_layers + 1 + has_chance),
+    ]
+    for res in results:
+        cells = " | ".join(f"{scale * v[key]:.{digits}f}" for v in res["probe"]["layers"].values())
+        chance = f" {scale * res['probe']['chance']:.{digits}f} |" if has_chance else ""
+        lines.append(f"| {res['label']} | {res['name']} | {cells} |{chance}")
+    probe_by_layer_plot(
+        {f"{r['label']}/{r['name']}": [scale * v[key] for v in r["probe"]["layers"].values()] for r in results},
+        baseline[0],
+        figure,
+        ylabel=baseline[2],
+        baseline_label=baseline[1],
+    )
+    return lines
+
+
 def latent_section(
     groups: dict[str, list[RunRecord]],
     labels: dict[str, str],
@@ -166,7 +203,7 @@ def latent_section(
     """Markdown lines, figure names and per-run results of the latent-code analysis of every run with
     trained weights (final, else its latest checkpoint; figures for the first run of each configuration).
     Every figure's file name starts with ``figure_prefix``: sections that share ``out`` stay apart."""
-    from hyla.analysis.plots import probe_by_layer_plot, scatter_plot
+    from hyla.analysis.plots import scatter_plot
     from hyla.train.rundir import has_trained_weights
 
     results, figures = [], []
@@ -206,32 +243,16 @@ def latent_section(
                 f"| {ts['slots']['rho']:.3f} ({p_value_text(ts['slots']['p_value'], permutations)}) "
                 f"| {ts['semantic']['rho']:.3f} ({p_value_text(ts['semantic']['p_value'], permutations)}) |"
             )
-        num_layers = len(results[0]["probe"]["layers"]) - 1
-        lines += [
-            "",
+        chance = 100 * sum(res["probe"]["chance"] for res in results) / len(results)  # same OOD tasks: ~equal
+        lines += _probe_by_layer(
+            results,
             "Rule probe per layer (Fig. 5F): OOD accuracy (%) of decoding each query feature's rule from that "
             "layer's code, fit on training tasks.",
-            "",
-            "| configuration | run | " + " | ".join(f"layer {i}" for i in range(num_layers)) + " | all | chance |",
-            "|---|---|" + "---|" * (num_layers + 2),
-        ]
-        for res in results:
-            layers = res["probe"]["layers"]
-            cells = " | ".join(f"{100 * layers[str(i)]['ood_acc']:.1f}" for i in range(num_layers))
-            lines.append(
-                f"| {res['label']} | {res['name']} | {cells} | {100 * layers['all']['ood_acc']:.1f} "
-                f"| {100 * res['probe']['chance']:.1f} |"
-            )
-        name = f"{figure_prefix}probe_by_layer.png"
-        probe_by_layer_plot(
-            {
-                f"{res['label']}/{res['name']}": [100 * v["ood_acc"] for v in res["probe"]["layers"].values()]
-                for res in results
-            },
-            100 * sum(res["probe"]["chance"] for res in results) / len(results),  # same OOD tasks: nearly equal
-            out / name,
+            ("ood_acc", 100, 1),
+            (chance, "chance", "OOD rule accuracy (%)"),
+            out / f"{figure_prefix}probe_by_layer.png",
         )
-        figures.append(name)
+        figures.append(f"{figure_prefix}probe_by_layer.png")
         across = topsim_across_runs([res["topsim"] for res in results])
         too_few = min(c["num_runs"] for c in across.values()) < comp.MIN_RUNS_TO_CORRELATE
         if too_few:
@@ -274,29 +295,13 @@ def latent_section(
                 f"| {res['label']} | {res['name']} | {res['weights']} | {pr['r2']:.3f} | {pr['ood_r2']:.3f} "
                 f"| {pr['shuffled_label_r2']:.3f} / {pr['shuffled_label_ood_r2']:.3f} |"
             )
-        num_layers = len(results[0]["probe"]["layers"]) - 1
-        lines += [
-            "",
+        lines += _probe_by_layer(
+            results,
             "Term probe per layer: R^2 on held-out combinations (OOD) of decoding the terms from that layer's "
             "code, fit on training combinations.",
-            "",
-            "| configuration | run | " + " | ".join(f"layer {i}" for i in range(num_layers)) + " | all |",
-            "|---|---|" + "---|" * (num_layers + 1),
-        ]
-        for res in results:
-            layers = res["probe"]["layers"]
-            cells = " | ".join(f"{layers[str(i)]['ood_r2']:.3f}" for i in range(num_layers))
-            lines.append(f"| {res['label']} | {res['name']} | {cells} | {layers['all']['ood_r2']:.3f} |")
-        name = f"{figure_prefix}term_probe_by_layer.png"
-        probe_by_layer_plot(
-            {
-                f"{res['label']}/{res['name']}": [v["ood_r2"] for v in res["probe"]["layers"].values()]
-                for res in results
-            },
-            0.0,  # a probe that knows nothing scores R^2 <= 0
-            out / name,
-            ylabel="OOD term-probe R^2",
-            baseline_label="no information (R^2 = 0)",
+            ("ood_r2", 1, 3),
+            (0.0, "no information (R^2 = 0)", "OOD term-probe R^2"),
+            out / f"{figure_prefix}term_probe_by_layer.png",
         )
-        figures.append(name)
+        figures.append(f"{figure_prefix}term_probe_by_layer.png")
     return lines, figures, results
