@@ -220,13 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         "made_by": "benchmarks/refit_weights.py: retrained from config.yaml, checked against metrics.jsonl",
         "phases": [f"{s}={b}" for s, b in phases],
         "started_from": start,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "kernel_march": os.environ.get(MARCH_ENV) or "native",
         "rtol": args.rtol,
         "compared": check["compared"],
         "equal": check["equal"],
         "max_rel": check["max_rel"],
-        **provenance("cpu"),
+        **provenance("cpu"),  # with the CPU capability and the C kernel's -march it ran with
     }
     (record / REFIT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
     print(f"kept: {record / FINAL_WEIGHTS} ({record / REFIT_NOTE} says how)")
