@@ -567,3 +567,35 @@ def test_interrupted_survives_pickling() -> None:
 
     err = pickle.loads(pickle.dumps(Interrupted(signal.SIGTERM)))
     assert isinstance(err, Interrupted) and err.signum == signal.SIGTERM and str(err) == "SIGTERM"
+
+
+def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming on a CPU whose kernels round otherwise is allowed, but the sweep says which variable to set
+    to continue alike (a bit-exact retrain of the record then needs the same)."""
+    from hyla.sweep.groups import rounding_change
+    from hyla.train.loop import Trainer
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    run = tmp_path / "r" / "tiny" / "hyla-seed0"
+    here = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_march": "native"}
+    assert rounding_change(run, here) is None  # nothing recorded yet
+    trainer = Trainer(load_sweep(str(path)).configs["hyla-seed0"], run, quiet=True)
+    trainer.stop_at_step = 4
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    # an earlier piece of older code recorded neither setting: nothing to compare
+    (run / "made_by.jsonl").write_text(json.dumps({"commit": "old", "from_step": 0, "to_step": 4}) + "\n")
+    assert rounding_change(run, here) is None
+    earlier = {"commit": "old", "from_step": 0, "to_step": 4, **here, "kernel_march": "x86-64-v2"}
+    (run / "made_by.jsonl").write_text(json.dumps(earlier) + "\n")
+    monkeypatch.delenv("HYLA_CPU_MARCH", raising=False)
+    with pytest.warns(
+        UserWarning, match=r"kernel_march=x86-64-v2, this one with kernel_march=native; .* HYLA_CPU_MARCH=x86-64-v2$"
+    ):
+        assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    assert run_state(run) == "done"
+    assert "ATEN_CPU_CAPABILITY" not in (rounding_change(run, {**here, "kernel_march": "x86-64-v3"}) or "")

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import CONFIG_DIR, ExperimentConfig
 from hyla.train.plan import engine_for, plan_groups
-from hyla.train.rundir import finish_piece_record, start_piece_record
+from hyla.train.rundir import finish_piece_record, read_pieces, start_piece_record
 from hyla.train.sweepfile import RunSpec
 
 
@@ -81,6 +82,24 @@ def provenance(device: str) -> dict[str, Any]:
     return made
 
 
+#: what a CPU piece records of how its sums round, and the environment variable that pins each
+ROUNDING_SETTINGS = {"cpu_capability": "ATEN_CPU_CAPABILITY", "kernel_march": MARCH_ENV}
+
+
+def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
+    """A warning if ``made`` (this piece's :func:`provenance`) rounds otherwise than the run's last recorded
+    piece: results stay valid, but the run no longer retraces bit for bit what one machine would train."""
+    pieces = read_pieces(run_dir)
+    last = pieces[-1] if pieces else {}
+    changed = [k for k in ROUNDING_SETTINGS if k in last and k in made and last[k] != made[k]]
+    if not changed:
+        return None
+    was = ", ".join(f"{k}={last[k]}" for k in changed)
+    pin = " ".join(f"{ROUNDING_SETTINGS[k]}={str(last[k]).lower()}" for k in changed)
+    now = ", ".join(f"{k}={made[k]}" for k in changed)
+    return f"{run_dir.name}: its last piece ran with {was}, this one with {now}; to continue alike, set {pin}"
+
+
 def train_group(
     group: Group,
     root: Path,
@@ -112,6 +131,9 @@ def train_group(
         "stacked_with": len(cfgs),
     }
     trainer.deadline, trainer.stop_requested = deadline, stop_requested
+    for out in outs:
+        if (change := rounding_change(out, made)) is not None:
+            warnings.warn(change, stacklevel=2)
     try:
         for out in outs:
             start_piece_record(out, started)
