@@ -9,7 +9,6 @@ group until done, a deadline or a stop.
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import subprocess
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hyla.attention.kernels.c.wrapper import MARCH_ENV
+from hyla.attention.kernels.c.wrapper import MARCH_ENV, target_march
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import CONFIG_DIR, ExperimentConfig
@@ -78,7 +77,7 @@ def provenance(device: str) -> dict[str, Any]:
     }
     if device == "cpu":  # what decides how a CPU run's sums round, so a retrain can pin both
         made["cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # PyTorch's kernels (ATEN_CPU_CAPABILITY)
-        made["kernel_march"] = os.environ.get(MARCH_ENV, "").strip() or "native"  # the C kernel's -march
+        made["kernel_march"] = target_march()  # the C kernel's -march
     return made
 
 

@@ -68,10 +68,14 @@ def _compiler() -> str | None:
     return None
 
 
+def target_march() -> str:
+    """The ``-march`` target the kernel is built for: ``HYLA_CPU_MARCH``, default ``native``."""
+    return os.environ.get(MARCH_ENV, "").strip() or "native"
+
+
 def build_flags() -> tuple[str, ...]:
-    """The compiler flags: :data:`BASE_FLAGS` and the ``-march`` target (``HYLA_CPU_MARCH``, default native)."""
-    march = os.environ.get(MARCH_ENV, "").strip() or "native"
-    return ("-march=" + march, *BASE_FLAGS)
+    """The compiler flags: :data:`BASE_FLAGS` and the ``-march`` target (:func:`target_march`)."""
+    return ("-march=" + target_march(), *BASE_FLAGS)
 
 
 def _cpu_signature() -> str:
