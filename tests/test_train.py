@@ -284,3 +284,35 @@ def test_compiled_run_matches_eager_losses(tmp_path: Path) -> None:
     eager = [r["loss"] for r in read_metrics(tmp_path / "eager") if r["split"] == "train_batch"]
     compiled = [r["loss"] for r in read_metrics(tmp_path / "compiled") if r["split"] == "train_batch"]
     assert compiled == pytest.approx(eager, rel=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["lone", "stacked"])
+def test_training_lines_log_the_gradient_and_parameter_norms(tmp_path: Path, engine: str) -> None:
+    """Each training line carries the global norm of its update's gradient and of the parameters after
+    it (as the authors' code logs them), recomputed here from the same model and batch."""
+    import copy
+    import math
+
+    cfg = load_config("sraven", [*tiny("sraven", steps=1)[1:], "train.log_every=1", "train.warmup_steps=0"])
+    trainer = Trainer(cfg, tmp_path / "run", engine=engine, quiet=True)
+    model_before, _ = trainer.engine._lone_run(0, 0)
+    model_before = copy.deepcopy(model_before)
+    data_gen = torch.Generator().set_state(trainer.engine.data_gens[0].get_state())
+    trainer.run()
+    trainer.close()
+    (row,) = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train_batch"]
+
+    batch = trainer.task.sample(cfg.train.batch_size, "train", data_gen)
+    out = model_before(batch.inputs, last_positions=trainer.task.num_output_positions).float()
+    trainer.task.loss(out, batch).backward()
+    grad_sq = sum(float(p.grad.double().pow(2).sum()) for p in model_before.parameters())
+    assert row["loss"] == pytest.approx(float(trainer.task.loss(out, batch).detach()), rel=1e-6)
+    assert row["grad_norm"] == pytest.approx(math.sqrt(grad_sq), rel=1e-6)
+    final = load_checkpoint(latest_checkpoint(tmp_path / "run")).model
+    param_sq = sum(
+        float(w.double().pow(2).sum()) for k, w in final.items() if k in dict(model_before.named_parameters())
+    )
+    assert row["param_norm"] == pytest.approx(math.sqrt(param_sq), rel=1e-9)
+    assert row["param_norm"] != pytest.approx(
+        math.sqrt(sum(float(p.double().pow(2).sum()) for p in model_before.parameters())), rel=1e-9
+    )

@@ -21,6 +21,7 @@ no host synchronization; the shell reads them back only when it logs.
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -210,6 +211,8 @@ class Engine(ABC):
             torch.Generator(self.device).manual_seed(cfg.data_seed * 1009 + self.dist.rank) for cfg in self.cfgs
         ]
         self.sums = StepSums(self.num_runs, ("loss", self.task.primary_metric), self.device)
+        #: per run, the global norm of the last update's gradient (a fixed buffer: a captured step writes it)
+        self.grad_norm_R = torch.full((self.num_runs,), math.nan, dtype=torch.float64, device=self.device)
         self.graph = self._step_graph() if t.graph_step else None
 
     # ----------------------------------------------------------------- what an engine gives
@@ -229,6 +232,14 @@ class Engine(ABC):
     @abstractmethod
     def _flagged_losses(self, loss: Tensor, means_R: dict[str, Tensor]) -> Tensor:
         """Per run, the loss whose non-finite value stops the run (``loss`` or the metrics' ``means_R``)."""
+
+    @abstractmethod
+    def _grad_norm_R(self, grads: Tensor | None) -> Tensor:
+        """Per run, the global L2 norm of the accumulated gradient (``grads`` or the parameters' ``.grad``)."""
+
+    @abstractmethod
+    def param_norm_R(self) -> Tensor:
+        """Per run, the global L2 norm of all parameters now (the authors' code logs both norms)."""
 
     @abstractmethod
     def _update(self, step: int | Tensor, grads: Tensor | None) -> None:
@@ -296,6 +307,8 @@ class Engine(ABC):
                 m = self.task.metrics(out.detach(), batch)
                 means_R = {k: m[k].double().view(self.num_runs, -1).mean(1) / accum for k in self.sums.keys}
                 self.sums.add(means_R, self._flagged_losses(loss, means_R), update)
+        with torch.no_grad():
+            self.grad_norm_R.copy_(self._grad_norm_R(grads))
         self._update(step, grads)
 
     # ----------------------------------------------------------------- a run's checkpoint, in the lone format
@@ -392,6 +405,17 @@ class EngineGraph(StepGraph):
         torch.set_rng_state(snap["cpu_rng"])
         if "cuda_rng" in snap:
             torch.cuda.set_rng_state(snap["cuda_rng"], e.device)
+
+
+def global_norms_R(tensors_Rx: list[Tensor]) -> Tensor:
+    """Per run, the L2 norm of all ``tensors_Rx`` together (each ``R x ...``, row r run r's), in float64 as
+    ``optax.global_norm``: the norm of the per-tensor norms. The lone and the stacked engine both call this,
+    in the model's parameter order, so that a stack logs its lone runs' numbers."""
+    norms_RxP = torch.stack(
+        [torch.linalg.vector_norm(t.detach().reshape(t.shape[0], -1), dim=1, dtype=torch.float64) for t in tensors_Rx],
+        dim=1,
+    )
+    return torch.linalg.vector_norm(norms_RxP, dim=1)
 
 
 def generator_states(gen: torch.Generator, d: Dist) -> dict[str, Tensor]:

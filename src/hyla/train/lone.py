@@ -19,7 +19,7 @@ from hyla.models import num_parameters
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model
 from hyla.train.config import ExperimentConfig
-from hyla.train.engine import Engine, EngineGraph, autocast, eval_mode
+from hyla.train.engine import Engine, EngineGraph, autocast, eval_mode, global_norms_R
 from hyla.train.optim import build_optimizer, lr_at
 
 
@@ -82,6 +82,12 @@ class LoneEngine(Engine):
 
     def _flagged_losses(self, loss: Tensor, means_R: dict[str, Tensor]) -> Tensor:
         return loss.detach().view(1)  # the loss optimized, the MoE term included
+
+    def _grad_norm_R(self, grads: Tensor | None) -> Tensor:
+        return global_norms_R([p.grad.unsqueeze(0) for p in self.model.parameters() if p.grad is not None])
+
+    def param_norm_R(self) -> Tensor:
+        return global_norms_R([p.unsqueeze(0) for p in self.model.parameters()])
 
     def _update(self, step: int | Tensor, grads: Tensor | None) -> None:
         self.optimizer.step()

@@ -347,8 +347,11 @@ class Trainer:
     def _log_train(self, s: int, steps_per_s: float, bar: Any) -> None:
         t, metric = self.cfg.train, self.task.primary_metric
         flushed = self._flush_train_metrics()
-        for run, values in zip(self.runs, flushed):
-            self._log(run, s, "train_batch", {**values, "lr": lr_at(s - 1, run.cfg)})  # update s's
+        # update s's gradient and the parameters after it: single-step values, as the authors' code logs them
+        norms_Rx2 = torch.stack([self.engine.grad_norm_R, self.engine.param_norm_R()], dim=1).tolist()
+        for run, values, (grad_norm, param_norm) in zip(self.runs, flushed, norms_Rx2):
+            extra = {"lr": lr_at(s - 1, run.cfg), "grad_norm": grad_norm, "param_norm": param_norm}  # update s's
+            self._log(run, s, "train_batch", {**values, **extra})
             if run.writer is not None:
                 run.writer.add_scalar("perf/steps_per_s", steps_per_s, s)
                 run.writer.add_scalar("perf/problems_per_s", steps_per_s * t.batch_size, s)

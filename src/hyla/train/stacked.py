@@ -43,7 +43,7 @@ from hyla.tasks import task_entry
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model
 from hyla.train.config import ExperimentConfig, config_key, flat_config
-from hyla.train.engine import Engine, EngineGraph, eval_mode
+from hyla.train.engine import Engine, EngineGraph, eval_mode, global_norms_R
 from hyla.train.optim import StackedAdamW, decayed_parameter_names
 
 #: config keys in which the runs of one stack may differ
@@ -244,6 +244,13 @@ class StackedEngine(Engine):
         per_param = torch.autograd.grad(loss, self._param_list, allow_unused=True, materialize_grads=True)
         g_RxN = torch.cat([g.reshape(self.num_runs, -1) for g in per_param], dim=1)
         return g_RxN if grads is None else grads.add_(g_RxN)
+
+    def _grad_norm_R(self, grads: Tensor | None) -> Tensor:
+        assert grads is not None
+        return global_norms_R([grads[:, self.columns[n]] for n, _ in self.template.named_parameters()])
+
+    def param_norm_R(self) -> Tensor:
+        return global_norms_R([self.params[n] for n, _ in self.template.named_parameters()])
 
     def _flagged_losses(self, loss: Tensor, means_R: dict[str, Tensor]) -> Tensor:
         return means_R["loss"]  # each run's own (``loss`` is their sum)
