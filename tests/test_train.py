@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -291,7 +292,6 @@ def test_training_lines_log_the_gradient_and_parameter_norms(tmp_path: Path, eng
     """Each training line carries the global norm of its update's gradient and of the parameters after
     it (as the authors' code logs them), recomputed here from the same model and batch."""
     import copy
-    import math
 
     cfg = load_config("sraven", [*tiny("sraven", steps=1)[1:], "train.log_every=1", "train.warmup_steps=0"])
     trainer = Trainer(cfg, tmp_path / "run", engine=engine, quiet=True)
@@ -316,3 +316,15 @@ def test_training_lines_log_the_gradient_and_parameter_norms(tmp_path: Path, eng
     assert row["param_norm"] != pytest.approx(
         math.sqrt(sum(float(p.double().pow(2).sum()) for p in model_before.parameters())), rel=1e-9
     )
+
+
+@pytest.mark.parametrize("config", ["sraven", "fuzzy_logic"])
+def test_fast_step_trains_the_paper_configs_with_attention_dropout(tmp_path: Path, config: str) -> None:
+    """``train.fast=true`` (torch.compile here, as on a GPU) with the paper configs' attention dropout: the
+    compiled forward draws the dropout mask of a layer whose query count differs from the other layers'
+    (the last one computes only the answer positions), a size torch.compile may make symbolic."""
+    args = [*tiny(config, steps=4, **{"model.num_layers": 2})[1:], "train.log_every=1", "model.attention_dropout=0.1"]
+    out = tmp_path / "fast"
+    assert main(["train", config, *args, "train.fast=true", "--out", str(out), "--quiet"]) == 0
+    losses = [r["loss"] for r in read_metrics(out) if r["split"] == "train_batch"]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)

@@ -78,7 +78,13 @@ def draw_keep_mask(
 ) -> Tensor:
     """A keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
     drawn from ``generator`` (default: torch's default generator of ``device``)."""
-    return torch.rand((1, 1, num_queries, num_keys), device=device, generator=generator) >= p
+    shape = (1, 1, num_queries, num_keys)
+    # generator=None selects torch.rand's generator overload, which torch.compile cannot trace with a
+    # symbolic size (the query count differs between layers): pass a generator only when there is one
+    uniform = (
+        torch.rand(shape, device=device) if generator is None else torch.rand(shape, device=device, generator=generator)
+    )
+    return uniform >= p
 
 
 @contextmanager
