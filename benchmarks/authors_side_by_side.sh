@@ -19,10 +19,15 @@
 #   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors_side_by_side.sh authors-sraven hyla 0
 #       # SRAVEN: their configs/raven.py at its full schedule (20M problems, 156,250 steps), stopped once the
 #       # evaluation after STEPS updates is logged; compare with our paper run's metrics.jsonl (same seed)
+#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors_side_by_side.sh authors-sraven-resumable hyla 0
+#       # the same run through benchmarks/authors_sraven_resumable.py (their Experiment.run loop, our driver):
+#       # saves resume.pkl every 5 minutes and on SIGTERM/SIGINT, and a later call (same or larger STEPS)
+#       # resumes from it, appending to event.log; stops where authors-sraven does
 #   then: .venv/bin/python benchmarks/side_by_side.py
 #
 # Environment: STEPS (default 1100), EVAL_EVERY (500), AUTHORS_LOGS (runs/side_by_side/authors),
-# OURS_RUNS (runs/side_by_side/hyla). Checkout used: smonsays/hypernetwork-attention af9805f.
+# OURS_RUNS (runs/side_by_side/hyla), EVAL_PROBLEMS (SRAVEN eval split size, 12800).
+# Checkout used: smonsays/hypernetwork-attention af9805f.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -154,6 +159,36 @@ run_authors_sraven() {  # variant seed: the first STEPS updates of their SRAVEN 
   touch "$dir/done"
 }
 
+run_authors_sraven_resumable() {  # variant seed: as run_authors_sraven, resumable (resume.pkl in the run dir)
+  local variant="$1" seed="$2" dir model pid rc
+  local EVAL_PROBLEMS="${EVAL_PROBLEMS:-12800}"
+  dir="$AUTHORS_LOGS/sraven-$variant-seed$seed"
+  model="$(authors_model "$variant")"
+  if [[ ! -f "$dir/resume.pkl" ]]; then
+    # a finished authors-sraven run (no state to resume from) is kept
+    if [[ -f "$dir/done" ]]; then echo "skip $dir (an authors-sraven run)"; return; fi
+    rm -rf "$dir"
+  fi
+  mkdir -p "$dir"
+  # Their config and flags as in run_authors_sraven; --stop_after=STEPS stops after the evaluation logged as
+  # step STEPS + 1 when STEPS is a multiple of EVAL_EVERY, where that function stops their run.py. The python
+  # runs in the background with SIGTERM/SIGINT forwarded, so that a signal to this script lets it save first.
+  XLA_FLAGS="--xla_disable_hlo_passes=onednn-matmul-rewriter $XLA_FLAGS" \
+    AUTHORS_CODE="$AUTHORS_CODE" JAX_PLATFORMS=cpu "$AUTHORS_VENV/bin/python" \
+    "$REPO_ROOT/benchmarks/authors_sraven_resumable.py" \
+    "--config=configs/raven.py:raven_3x3_4features;$model" \
+    --config.seed="$seed" --config.data.num_test="$EVAL_PROBLEMS" --config.data.num_ood="$EVAL_PROBLEMS" \
+    --config.log_dir="$dir" --eval_every="$EVAL_EVERY" --log_every=250 --logger=standard \
+    --stop_after="$STEPS" >>"$dir/stdout.log" 2>&1 &
+  pid=$!
+  trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+  wait "$pid" || true  # returns early when the trap has run
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
+  rc=0; wait "$pid" || rc=$?  # bash keeps the status of a finished child
+  trap - TERM INT
+  if [[ $rc != 0 ]]; then echo "their run failed ($rc): $dir/stdout.log" >&2; exit 1; fi
+}
+
 # Ours: the authors' setup is configs/fuzzy_logic.yaml itself; the library defaults undo each of its
 # authors'-code options; a flip undoes one of them.
 LIBRARY_DEFAULTS=(data.split_style=cover data.num_unseen_terms=0 data.split_seed=0
@@ -204,6 +239,7 @@ case "${1:-all}" in
   venv) make_venv ;;
   authors) run_authors "$2" "$3" ;;
   authors-sraven) run_authors_sraven "$2" "$3" ;;
+  authors-sraven-resumable) run_authors_sraven_resumable "$2" "$3" ;;
   ours) run_ours "$2" "$3" "$4" ;;
   ours-stacked) run_ours_stacked "$2" "$3" "$4" ;;
   all)
@@ -215,6 +251,6 @@ case "${1:-all}" in
       for s in 0 1 2; do run_ours "$flip" hyla "$s"; done
     done
     ;;
-  *) echo "usage: $0 venv | all | authors VARIANT SEED | authors-sraven VARIANT SEED | ours SETUP VARIANT SEED | ours-stacked SETUP VARIANT SEEDS" >&2
+  *) echo "usage: $0 venv | all | authors VARIANT SEED | authors-sraven VARIANT SEED | authors-sraven-resumable VARIANT SEED | ours SETUP VARIANT SEED | ours-stacked SETUP VARIANT SEEDS" >&2
      exit 2 ;;
 esac

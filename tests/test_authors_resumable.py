@@ -1,0 +1,180 @@
+"""benchmarks/authors_sraven_resumable.py: the authors' SRAVEN training, stopped and resumed, ends where an
+uninterrupted run does (bitwise), with the same log.
+
+Runs their code (smonsays/hypernetwork-attention) in its own JAX venv at a tiny size, so it is skipped where
+that venv or checkout is missing (AUTHORS_VENV, AUTHORS_CODE)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "authors_sraven_resumable.py"
+AUTHORS_VENV = Path(os.environ.get("AUTHORS_VENV", "/work/authors/venv"))
+AUTHORS_CODE = Path(os.environ.get("AUTHORS_CODE", "/work/authors/code"))
+PYTHON = AUTHORS_VENV / "bin" / "python"
+
+pytestmark = pytest.mark.skipif(
+    not (PYTHON.exists() and AUTHORS_CODE.is_dir()),
+    reason="needs the authors' venv and code (AUTHORS_VENV, AUTHORS_CODE)",
+)
+
+BATCH = 8
+#: their configs/raven.py, shrunk; warmup_steps must stay below the schedule (optax needs decay_steps > 0)
+TINY = [
+    "--config=configs/raven.py:raven_3x3_4features;linear_hypatt",
+    "--config.seed=3",
+    "--config.model.num_layers=1",
+    "--config.model.emb_dim=16",
+    "--config.model.mlp_dim=16",
+    "--config.model.num_heads=4",
+    "--config.model.qk_dim=8",
+    "--config.model.v_dim=8",
+    "--config.data.num_test=256",
+    "--config.data.num_ood=256",
+    f"--config.batch_size={BATCH}",
+    "--config.warmup_steps=4",
+    "--logger=standard",
+]
+LOG_PREFIX = re.compile(r"^\[INFO\s+\d\d:\d\d:\d\d\] ")
+
+# The state files hold their ExperimentState, which only their code (and JAX) can unpickle.
+COMPARE = """
+import os, pickle, sys
+import numpy as np
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+from authors_sraven_resumable import import_their_run
+import_their_run()
+import jax
+a, b = (pickle.load(open(p, "rb")) for p in sys.argv[1:3])
+la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+print(len(la), all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)))
+"""
+
+
+# Their run.py unchanged, as authors_side_by_side.sh's launcher runs it.
+THEIR_RUN = """
+import os, runpy, sys
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+from authors_sraven_resumable import stub_unused_modules
+stub_unused_modules()
+os.chdir(os.environ["AUTHORS_CODE"])
+sys.path.insert(0, os.environ["AUTHORS_CODE"])
+sys.argv = ["run.py"] + sys.argv[1:]
+runpy.run_path("run.py", run_name="__main__")
+"""
+
+
+def env(cache: Path) -> dict[str, str]:
+    """One CPU thread, as authors_side_by_side.sh runs them; a compilation cache shared by the runs of a test
+    (the first run compiles, ~20 s; the others reuse its executables)."""
+    return {
+        **os.environ,
+        "AUTHORS_CODE": str(AUTHORS_CODE),
+        "JAX_PLATFORMS": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "XLA_FLAGS": "--xla_disable_hlo_passes=onednn-matmul-rewriter --xla_cpu_multi_thread_eigen=false",
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "SCRIPT_DIR": str(SCRIPT.parent),
+    }
+
+
+def command(log_dir: Path, steps: int, *extra: str, eval_every: int = 6, log_every: int = 3) -> list[str]:
+    return [
+        str(PYTHON),
+        str(SCRIPT),
+        *TINY,
+        f"--config.data.num_train={steps * BATCH}",
+        f"--config.log_dir={log_dir}",
+        f"--eval_every={eval_every}",
+        f"--log_every={log_every}",
+        *extra,
+    ]
+
+
+def train(log_dir: Path, cache: Path, steps: int, *extra: str, theirs: bool = False) -> str:
+    """Train in the authors' venv with our script (or, ``theirs``, with their run.py); returns its stderr."""
+    cmd = command(log_dir, steps, *extra)
+    if theirs:
+        cmd[1:2] = ["-c", THEIR_RUN]
+    out = subprocess.run(cmd, env=env(cache), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stderr
+
+
+def metric_lines(log_dir: Path) -> list[str]:
+    """The logged metric lines, less timestamps and the timing field."""
+    lines = []
+    for line in (log_dir / "event.log").read_text().splitlines():
+        message = LOG_PREFIX.sub("", line)
+        if message.startswith("step: "):
+            lines.append(re.sub(r" \t train_steps_per_sec: [0-9.]+", "", message))
+    return lines
+
+
+def same_state(a: Path, b: Path, cache: Path) -> list[str]:
+    """[number of leaves, whether all are bitwise equal] of two pickled ExperimentStates."""
+    out = subprocess.run(
+        [str(PYTHON), "-c", COMPARE, str(a), str(b)], env=env(cache), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """JAX's compilation cache, shared by the tests of this module."""
+    return tmp_path_factory.mktemp("jax_cache")
+
+
+def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path: Path, cache: Path) -> None:
+    straight, resumed, theirs = tmp_path / "straight", tmp_path / "resumed", tmp_path / "theirs"
+    train(straight, cache, 24)
+    # uninterrupted, our loop logs what their Experiment.run does; their state.pkl is not compared: their main()
+    # saves the state it passed to Experiment.run, which does not return the trained one (step 0 is saved)
+    train(theirs, cache, 24, theirs=True)
+    assert metric_lines(theirs) == metric_lines(straight)
+    # 10 is no evaluation step (eval_every 6): the first leg makes exactly 10 updates (logged steps 1..10)
+    train(resumed, cache, 24, "--stop_after=10")
+    assert metric_lines(resumed)[-1].startswith("step: 10 \ttrain_")
+    assert not (resumed / "state.pkl").exists()
+    log = train(resumed, cache, 24, "--save_every_minutes=0")  # resume, saving after every step
+    assert "Resuming at batch index 10 (step 10)" in log
+
+    lines = metric_lines(straight)
+    assert lines == metric_lines(resumed)
+    assert [line.split(" \t")[0] for line in lines if "ood_acc" in line] == [f"step: {s}" for s in (1, 7, 13, 19, 24)]
+    assert same_state(straight / "state.pkl", resumed / "state.pkl", cache)[1] == "True"  # params, optim, rng, step
+    assert "nothing to do" in train(resumed, cache, 24)  # a finished run is left as it is
+
+
+def test_stop_after_an_evaluation_step_and_on_sigterm(tmp_path: Path, cache: Path) -> None:
+    run_dir = tmp_path / "run"
+    # stop_after=12 on an evaluation step: loop step 12 runs too, so its evaluation (logged as 13) is in the log
+    train(run_dir, cache, 5000, "--stop_after=12")
+    lines = metric_lines(run_dir)  # ends: train, test, ood, then the (empty) STEP callback line
+    assert lines[-4].startswith("step: 13 \ttrain_") and lines[-2].startswith("step: 13 \tood_acc")
+
+    # SIGTERM mid-run: the step in progress is finished, the state saved, exit 0; the next launch resumes there
+    proc = subprocess.Popen(
+        command(run_dir, 5000, eval_every=3000, log_every=3), env=env(cache), stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not any(line.startswith("step: 19 ") for line in metric_lines(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, log = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log[-3000:]
+    stopped_at = int(re.search(r"Signal 15: saved .* at batch index (\d+)", log).group(1))
+    assert 19 <= stopped_at < 5000
+    log = train(run_dir, cache, 5000, f"--stop_after={stopped_at + 2}")
+    assert f"Resuming at batch index {stopped_at} (step {stopped_at})" in log
