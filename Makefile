@@ -29,12 +29,13 @@ test: $(STAMP)
 
 # The float-sensitive tests again under other CPU dispatch paths (what another CPU would pick): each
 # promise must hold on any x86-64 CPU, exact where the arithmetic is the same, else within its noise floor.
+# The compiled-step tests too: code compiled under one dispatch must never be loaded under another.
 PORTABLE_SETTINGS := ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=default \
 	MKL_ENABLE_INSTRUCTIONS=AVX2,ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1,MKL_NUM_THREADS=1
 test-portable: $(STAMP)
 	@for setting in $(PORTABLE_SETTINGS); do \
 		echo "== $$setting"; \
-		env $$(echo $$setting | tr , ' ') $(BIN)/python -m pytest -q -n 2 -m float_sensitive tests || exit 1; \
+		env $$(echo $$setting | tr , ' ') $(BIN)/python -m pytest -q -n 2 -m "float_sensitive or compiled" tests || exit 1; \
 	done
 
 test-kernel: $(STAMP)

@@ -299,6 +299,7 @@ def test_fast_mode_resolves_per_device() -> None:
     assert compile_mode(TrainConfig(compile=True, compile_mode="reduce-overhead"), "cuda") == "reduce-overhead"
 
 
+@pytest.mark.compiled
 def test_fast_path_gives_the_plain_path_losses(tmp_path: Path) -> None:
     """On CPU ``train.fast`` is torch.compile vs eager: same losses for a lone and a stacked run."""
     small = ["model.num_layers=1", "train.steps=4", "train.log_every=1", "train.eval_every=4"]

@@ -278,6 +278,7 @@ def test_bf16_autocast_run(tmp_path: Path) -> None:
     assert rows and all(0 <= r["acc"] <= 1 and r["loss"] > 0 for r in rows)
 
 
+@pytest.mark.compiled
 def test_compiled_run_matches_eager_losses(tmp_path: Path) -> None:
     args = tiny("fuzzy_logic", steps=4, **{"train.log_every": 1})
     assert main(["train", *args, "--out", str(tmp_path / "eager"), "--quiet"]) == 0
@@ -318,6 +319,7 @@ def test_training_lines_log_the_gradient_and_parameter_norms(tmp_path: Path, eng
     )
 
 
+@pytest.mark.compiled
 @pytest.mark.parametrize("config", ["sraven", "fuzzy_logic"])
 def test_fast_step_trains_the_paper_configs_with_attention_dropout(tmp_path: Path, config: str) -> None:
     """``train.fast=true`` (torch.compile here, as on a GPU) with the paper configs' attention dropout: the
@@ -328,3 +330,20 @@ def test_fast_step_trains_the_paper_configs_with_attention_dropout(tmp_path: Pat
     assert main(["train", config, *args, "train.fast=true", "--out", str(out), "--quiet"]) == 0
     losses = [r["loss"] for r in read_metrics(out) if r["split"] == "train_batch"]
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+
+
+def test_compiled_code_is_kept_apart_per_cpu_dispatch(tmp_path: Path) -> None:
+    """A compiled step run under another ATen CPU capability than the one that filled Inductor's cache does
+    not load that code (it crashed with SIGSEGV in a compiled backward): each dispatch gets its own folder."""
+    own = torch.backends.cpu.get_cpu_capability().lower()
+    other = "avx2" if own == "avx512" else "default"
+    unset = ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY", "HYLA_CPU_MARCH")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "hyla", "train", *tiny("fuzzy_logic", steps=2), "train.fast=true"]
+    for name, capability in (("first", own), ("second", other)):
+        run = [*args, "--seeds", "0,1", "--out", str(tmp_path / name), "--quiet"]
+        done = subprocess.run(run, env=env | {"ATEN_CPU_CAPABILITY": capability}, capture_output=True, text=True)
+        assert done.returncode == 0, f"ATEN_CPU_CAPABILITY={capability}: rc {done.returncode}\n{done.stderr[-2000:]}"
+    # (the shared folder may still get Inductor's precompiled headers, made before any compile)
+    compiled = {p.name.split("-", 1)[1] for p in tmp_path.glob("torchinductor_*-*") if any(p.rglob("*.so"))}
+    assert compiled == {f"{own}-native", f"{other}-native"}

@@ -24,6 +24,7 @@ from hyla.attention.config import BACKENDS, canonical_backend
 from hyla.bench import device_label, require_device, require_writable
 from hyla.models import Transformer, TransformerConfig, num_parameters
 from hyla.tasks import REGISTRY, task_entry
+from hyla.train.fast import keep_compiled_code_apart
 
 #: the sizes of the paper's model (notes section 2) read from the task's config in ``configs/``; seq_len
 #: and input/output sizes come from the task encoding, the rest of the model is the variant's
@@ -79,6 +80,8 @@ def time_variant(
     )
     model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    if compile_model:
+        keep_compiled_code_apart()
     step_fn = torch.compile(model) if compile_model else model
     x = torch.randn(batch_size, seq_len, input_dim, device=device)
     y = torch.randint(0, output_dim, (batch_size, last_positions or seq_len), device=device)

@@ -38,7 +38,13 @@ from hyla.tasks.base import Batch, Task
 from hyla.train.build import build_task, sized_config
 from hyla.train.checkpoint import CheckpointError, TrainingState
 from hyla.train.config import ExperimentConfig
-from hyla.train.fast import StepGraph, compile_mode, graph_step_unsupported_reason, uses_cudagraphs
+from hyla.train.fast import (
+    StepGraph,
+    compile_mode,
+    graph_step_unsupported_reason,
+    keep_compiled_code_apart,
+    uses_cudagraphs,
+)
 
 
 @dataclass
@@ -199,6 +205,8 @@ class Engine(ABC):
             if reason is not None:
                 raise ValueError(f"train.graph_step=true {reason}; allowed values here: false")
         mode = compile_mode(t, self.device, distributed=self.dist.world > 1)  # train.compile / train.fast
+        if mode is not None:
+            keep_compiled_code_apart()
         if t.graph_step and uses_cudagraphs(mode, self.device):
             mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"  # the whole step is one
         self.compile_mode = mode

@@ -17,11 +17,17 @@ host synchronization; metrics are read back only at log and evaluation time.
 
 from __future__ import annotations
 
+import getpass
+import os
+import tempfile
 from typing import Any
 
 import torch
 
+from hyla.attention.kernels.c.wrapper import target_march
 from hyla.train.config import TrainConfig
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -41,6 +47,37 @@ def compile_mode(train: TrainConfig, device: torch.device | str, distributed: bo
     if mode in CUDAGRAPH_MODES and (device.type != "cuda" or distributed):
         mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
     return mode
+
+
+def cpu_dispatch_tag() -> str:
+    """What decides the machine code a CPU process runs: PyTorch's CPU capability (``ATEN_CPU_CAPABILITY``)
+    and the C kernel's ``-march`` (``HYLA_CPU_MARCH``), e.g. ``avx512-native``."""
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}-{target_march()}"
+
+
+def _shared_inductor_cache() -> str:
+    """Inductor's default cache folder (``<tmp>/torchinductor_<user>``), shared by every process of the user."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+
+
+def keep_compiled_code_apart() -> str:
+    """Point Inductor's cache at a folder of this process's CPU dispatch (:func:`cpu_dispatch_tag`) unless the
+    user chose one; returns the folder in use. Call before the first ``torch.compile`` of a process.
+
+    Code compiled under one ATen CPU capability and loaded from the shared cache under another can crash
+    (SIGSEGV in a compiled backward, seen after ``ATEN_CPU_CAPABILITY=avx2``, which the records' retraining
+    sets). Inductor writes its default into the environment once it ran, and a child process inherits our
+    choice, so both count as unset here: only a folder the user named is kept."""
+    shared = _shared_inductor_cache()
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    ours = current is None or current == shared or os.path.basename(current).startswith(os.path.basename(shared) + "-")
+    if ours:
+        os.environ[INDUCTOR_CACHE_ENV] = f"{shared}-{cpu_dispatch_tag()}"
+    return os.environ[INDUCTOR_CACHE_ENV]
 
 
 def uses_cudagraphs(mode: str | None, device: torch.device | str) -> bool:
