@@ -208,31 +208,40 @@ def their_updates(
     return {"their_lrs": their_lrs, "params": params}
 
 
-def theirs(args: argparse.Namespace) -> None:
+def their_model(mixer: str, float64: bool) -> tuple[Any, Any]:
+    """Their SRAVEN model of ``mixer`` and config (``configs/raven.py``), computing in float64 if asked; in
+    their venv with ``PYTHONPATH=$AUTHORS_CODE``."""
     import jax
     import jax.numpy as jnp
-    import optax
     from configs.raven import get_config
-    from flax.traverse_util import flatten_dict, unflatten_dict
-
-    # their package, also named hyla (PYTHONPATH=$AUTHORS_CODE; ours is not importable in their venv)
-    from hyla.data.raven import create_raven_datasets
 
     from hyla.models import transformer as transformer_module
     from hyla.models.transformer import CausalTransformer, TransformerConfig
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    with np.load(args.out / "ours.npz") as z:
-        data = dict(z)
-    if data["x"].dtype == np.float64:
+    if float64:
         jax.config.update("jax_enable_x64", True)
         # Their position bias is computed in its ``dtype`` attribute, float32 by default, whatever the
         # parameters' precision; in float64 it is set to float64 too, so that the whole model is.
         transformer_module.RelativePositionBiases = partial(
             transformer_module.RelativePositionBiases, dtype=jnp.float64
         )
-    cfg = get_config(f"raven_3x3_4features;{data['mixer']}")
-    model = CausalTransformer(TransformerConfig(**cfg.model))
+    cfg = get_config(f"raven_3x3_4features;{mixer}")
+    return CausalTransformer(TransformerConfig(**cfg.model)), cfg
+
+
+def theirs(args: argparse.Namespace) -> None:
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    # their package, also named hyla (PYTHONPATH=$AUTHORS_CODE; ours is not importable in their venv)
+    from hyla.data.raven import create_raven_datasets
+
+    with np.load(args.out / "ours.npz") as z:
+        data = dict(z)
+    model, cfg = their_model(str(data["mixer"]), float64=data["x"].dtype == np.float64)
     x, y = jnp.asarray(data["x"]), jnp.asarray(data["y"])
     init = flatten_dict(model.init(jax.random.PRNGKey(0), x[:1], deterministic=True)["params"], sep="/")
     given = {k[len("param/") :]: v for k, v in data.items() if k.startswith("param/")}
