@@ -1,21 +1,31 @@
-"""SRAVEN side by side: the first steps of the authors' paper run next to our paper run of the same seed.
+"""SRAVEN side by side: the authors' paper run next to ours, seed by seed, and the verdict table over seeds.
 
-Their run: ``benchmarks/authors_side_by_side.sh authors-sraven VARIANT SEED`` (their configs/raven.py at its
-full 156,250-step schedule, stopped after ``STEPS`` updates), read from ``AUTHORS_LOGS/sraven-<variant>-seed<S>/
-event.log``. Ours: the Table A1 sweep run of the same variant and seed (``metrics.jsonl``), which trains the
-same schedule. Prints two markdown tables and writes ``results/side_by_side/sraven_<variant>_seed<S>.json``:
+Their run: ``benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED`` (their configs/raven.py at
+its full 156,250-step schedule, resumable, stopped after ``STEPS`` updates), read from
+``AUTHORS_LOGS/sraven-<variant>-seed<S>/event.log``. Ours: the Table A1 sweep run of the same variant and seed
+(``metrics.jsonl``), which trains the same schedule. Both codes log the number of updates made as the step (their
+loop evaluates after update k + 1 at loop index k, logged k + 1: their evaluation logged 2,501 is listed beside
+ours after 2,500 updates, one update apart).
 
-- training loss and accuracy (all four answer features right) per 1,000-step bin: the mean of their logged
-  single-batch values in the bin (one every 250 updates) and of our ``train_batch`` values (each a mean over
-  the 250 steps before it). Both are taken in training mode (attention dropout on);
-- ``test`` (training tasks) and ``ood`` (held-out tasks) accuracy at each evaluation. Their evaluation after
-  k updates is logged as step k + 1 (see side_by_side.py) and listed at k.
+Per seed (``--seed S``): prints two markdown tables and writes ``results/side_by_side/sraven_<variant>_seed<S>.json``
+and a plot ``.png`` beside it:
+
+- training loss, accuracy (all four answer features right), gradient norm and parameter norm per 1,000-update
+  bin: the mean of their logged single-batch values in the bin (one every 250 updates) and of our
+  ``train_batch`` values (loss and accuracy: means over the 250 steps before each line; the norms: the
+  line's own update, as theirs). Both in training mode (attention dropout on). Our runs log the norms since
+  commit a95aca3: older records have none ('-');
+- ``test`` (training tasks) and ``ood`` (held-out tasks) accuracy at each evaluation.
+
+``--summary``: reads the per-seed JSON files and prints (and writes ``sraven_<variant>.md``) the accuracy at each
+evaluation, theirs beside ours, mean +- s.e. over the seeds each has there.
 
 The held-out rule combinations differ between the two codes for the same seed (theirs: a JAX permutation of
 the 330 combinations, ours: numpy's), 82 of 330 in both.
 
 Usage: .venv/bin/python benchmarks/side_by_side_sraven.py [--variant hyla] [--seed 0] [--authors-logs DIR]
        [--ours-run RUN_DIR] [--out FILE]
+       .venv/bin/python benchmarks/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ from side_by_side import REPO, _git, authors_commit, machine, parse_authors_log
 from hyla.train.rundir import read_run
 
 OURS_SWEEP = REPO / "results/sweeps/table_a1_sraven"
+SIDE_BY_SIDE = REPO / "results/side_by_side"
 BIN = 1000
+TRAIN_METRICS = ("loss", "acc", "grad_norm", "param_norm")
 
 
 #: their eval and training-batch prefixes -> our split names (for SRAVEN their test/ood are ours)
@@ -45,57 +57,81 @@ def parse_ours(run_dir: Path, last_step: int) -> list[dict[str, Any]]:
     out = []
     for rec in read_run(run_dir).metrics:
         if rec.get("split") in ("train_batch", "test", "ood") and rec["step"] <= last_step:
-            out.append({k: rec[k] for k in ("step", "split", "loss", "acc") if k in rec})
+            out.append({k: rec[k] for k in ("step", "split", *TRAIN_METRICS) if k in rec})
     return out
 
 
-def training_bins(curve: list[dict[str, Any]], authors: bool, last_step: int) -> dict[int, dict[str, float]]:
-    """Mean loss and acc of the ``train_batch`` points in each full bin up to ``last_step`` (end step -> means)."""
+def training_bins(curve: list[dict[str, Any]], last_step: int) -> dict[int, dict[str, float]]:
+    """Mean of each training metric over the ``train_batch`` points in each full bin up to ``last_step``
+    (bin end -> means; a metric no point of the bin has is left out)."""
     bins: dict[int, list[dict[str, Any]]] = {}
     for p in curve:
-        if p["split"] != "train_batch":
-            continue
-        updates = p["step"] - 1 if authors else p["step"]  # their step k + 1 is logged after k updates
-        if 0 < updates <= last_step:
-            bins.setdefault(-(-updates // BIN) * BIN, []).append(p)
-    return {
-        end: {m: float(np.mean([p[m] for p in ps])) for m in ("loss", "acc")}
-        for end, ps in sorted(bins.items())
-        if end <= last_step
-    }
+        if p["split"] == "train_batch" and 0 < p["step"] <= last_step:
+            bins.setdefault(-(-p["step"] // BIN) * BIN, []).append(p)
+    out = {}
+    for end, ps in sorted(bins.items()):
+        if end <= last_step:
+            out[end] = {
+                m: float(np.mean([p[m] for p in ps if m in p])) for m in TRAIN_METRICS if any(m in p for p in ps)
+            }
+    return out
 
 
 def evaluations(curve: list[dict[str, Any]], authors: bool) -> dict[tuple[int, str], float]:
-    """Accuracy per (updates made, split) of the evaluations."""
+    """Accuracy per (evaluation point, split): our step; their logged step - 1 (see the module docstring)."""
     shift = 1 if authors else 0
     return {(p["step"] - shift, p["split"]): p["acc"] for p in curve if p["split"] != "train_batch"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", default="hyla")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--authors-logs", type=Path, default=REPO / "runs/side_by_side/authors")
-    ap.add_argument("--ours-run", type=Path, help="default: the Table A1 paper run of --variant and --seed")
-    ap.add_argument("--authors-code", type=Path, default=Path(os.environ.get("AUTHORS_CODE", "/work/authors/code")))
-    ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))
-    ap.add_argument("--out", type=Path, help="default: results/side_by_side/sraven_<variant>_seed<S>.json")
-    args = ap.parse_args()
+def cell(values: dict[str, float], metric: str, scale: float = 1.0, digits: int = 3) -> str:
+    return f"{scale * values[metric]:.{digits}f}" if metric in values else "-"
 
+
+def plot(path: Path, theirs: list[dict[str, Any]], ours: list[dict[str, Any]], title: str) -> None:
+    """Training loss (their single batches, our 250-step means) and evaluation accuracy, both codes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for curve, who, shift, color in ((theirs, "authors", 1, "tab:orange"), (ours, "ours", 0, "tab:blue")):
+        train = [p for p in curve if p["split"] == "train_batch" and p["step"] > 1]
+        ax_loss.plot([p["step"] for p in train], [p["loss"] for p in train], color=color, lw=0.8, label=who)
+        for split, style in (("ood", "-o"), ("test", "--s")):
+            pts = [p for p in curve if p["split"] == split]
+            xs, ys = [p["step"] - shift for p in pts], [100 * p["acc"] for p in pts]
+            ax_acc.plot(xs, ys, style, color=color, ms=3, label=f"{who} {split}")
+    ax_loss.set(xlabel="updates", ylabel="training loss", title=title)
+    ax_acc.set(xlabel="updates", ylabel="accuracy (%, all four features)")
+    for ax in (ax_loss, ax_acc):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def one_seed(args: argparse.Namespace) -> None:
     ours_run = args.ours_run or OURS_SWEEP / f"{args.variant}-lr0.001-weight_decay0.1-seed{args.seed}"
     authors_dir = args.authors_logs / f"sraven-{args.variant}-seed{args.seed}"
-    theirs = parse_authors_log(authors_dir / "event.log", SPLITS, ("acc", "loss"))
-    last = max(p["step"] - 1 for p in theirs)  # updates they made
+    theirs = parse_authors_log(authors_dir / "event.log", SPLITS, ("acc", "loss", "grad_norm", "param_norm"))
+    last = max(p["step"] for p in theirs)  # updates they made
     ours = parse_ours(ours_run, last)
 
-    their_bins, our_bins = training_bins(theirs, True, last), training_bins(ours, False, last)
-    print(f"Training batches ({args.variant}, seed {args.seed}), mean per {BIN}-step bin:\n")
-    print("| steps | loss: authors | loss: ours | acc (%): authors | acc (%): ours |")
+    their_bins, our_bins = training_bins(theirs, last), training_bins(ours, last)
+    print(f"Training batches ({args.variant}, seed {args.seed}), mean per {BIN}-update bin (authors / ours):\n")
+    print("| updates | loss | acc (%) | gradient norm | parameter norm |")
     print("|---|---|---|---|---|")
     for end in sorted(set(their_bins) & set(our_bins)):
         a, o = their_bins[end], our_bins[end]
-        acc = f"{100 * a['acc']:.1f} | {100 * o['acc']:.1f}"
-        print(f"| {end - BIN + 1}-{end} | {a['loss']:.3f} | {o['loss']:.3f} | {acc} |")
+        cells = [
+            f"{cell(a, 'loss')} / {cell(o, 'loss')}",
+            f"{cell(a, 'acc', 100, 1)} / {cell(o, 'acc', 100, 1)}",
+            f"{cell(a, 'grad_norm', digits=2)} / {cell(o, 'grad_norm', digits=2)}",
+            f"{cell(a, 'param_norm', digits=2)} / {cell(o, 'param_norm', digits=2)}",
+        ]
+        print(f"| {end - BIN + 1}-{end} | " + " | ".join(cells) + " |")
     their_evals, our_evals = evaluations(theirs, True), evaluations(ours, False)
     print("\nEvaluation accuracy (%, all four answer features right; '-' = no evaluation at that step):\n")
     print("| step | test: authors | test: ours | ood: authors | ood: ours |")
@@ -109,7 +145,7 @@ def main() -> None:
         print(f"| {step} | " + " | ".join(cells) + " |")
 
     meta = {
-        "command": "benchmarks/authors_side_by_side.sh authors-sraven VARIANT SEED; "
+        "command": "benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED; "
         "benchmarks/side_by_side_sraven.py --variant VARIANT --seed SEED",
         "machine": machine(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -118,11 +154,74 @@ def main() -> None:
         "authors_updates": last,
         "ours_run": str(ours_run.relative_to(REPO)) if ours_run.is_relative_to(REPO) else str(ours_run),
     }
-    out = args.out or REPO / f"results/side_by_side/sraven_{args.variant}_seed{args.seed}.json"
+    out = args.out or SIDE_BY_SIDE / f"sraven_{args.variant}_seed{args.seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = {"meta": meta, "variant": args.variant, "seed": args.seed, "authors": theirs, "ours": ours}
     out.write_text(json.dumps(curves, indent=1) + "\n")
-    print(f"\nwrote {out}")
+    plot(out.with_suffix(".png"), theirs, ours, f"SRAVEN {args.variant}, seed {args.seed}, lr 1e-3, wd 0.1")
+    print(f"\nwrote {out} and {out.with_suffix('.png').name}")
+
+
+def mean_se(values: list[float]) -> str:
+    """``mean +- s.e.`` in percent (the s.e. only from two values on), with the number of seeds."""
+    if not values:
+        return "-"
+    mean = 100 * float(np.mean(values))
+    if len(values) < 2:
+        return f"{mean:.1f} (1 seed)"
+    se = 100 * float(np.std(values, ddof=1)) / np.sqrt(len(values))
+    return f"{mean:.1f} +- {se:.1f} ({len(values)})"
+
+
+def summary(args: argparse.Namespace) -> str:
+    """Accuracy at each evaluation over the seeds' JSON files, theirs beside ours (markdown)."""
+    theirs: dict[tuple[int, str], list[float]] = {}
+    ours: dict[tuple[int, str], list[float]] = {}
+    used = []
+    for seed in args.seeds:
+        path = args.dir / f"sraven_{args.variant}_seed{seed}.json"
+        if not path.exists():
+            continue
+        used.append(seed)
+        curves = json.loads(path.read_text())
+        for who, into, authors in (("authors", theirs, True), ("ours", ours, False)):
+            for key, acc in evaluations(curves[who], authors).items():
+                into.setdefault(key, []).append(acc)
+    lines = [
+        f"SRAVEN {args.variant}, lr 1e-3, wd 0.1, warmup 1000: accuracy (%, all four answer features) at each "
+        f"evaluation, mean +- s.e. over seeds (count in brackets; seeds {', '.join(map(str, used))}). Their "
+        "evaluations use 12,800 problems per split, ours 51,200. `test` = training tasks, `ood` = held-out tasks.",
+        "",
+        "| updates | ood: authors | ood: ours | test: authors | test: ours |",
+        "|---|---|---|---|---|",
+    ]
+    for step in sorted({s for s, _ in theirs} & {s for s, _ in ours}):
+        if step <= 0:
+            continue
+        cells = [mean_se(d.get((step, split), [])) for split in ("ood", "test") for d in (theirs, ours)]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", default="hyla")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--summary", action="store_true", help="the table over seeds from the per-seed JSON files")
+    ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",")], default=[0, 1, 2])
+    ap.add_argument("--dir", type=Path, default=SIDE_BY_SIDE, help="--summary: where the per-seed files are")
+    ap.add_argument("--authors-logs", type=Path, default=SIDE_BY_SIDE / "authors")
+    ap.add_argument("--ours-run", type=Path, help="default: the Table A1 paper run of --variant and --seed")
+    ap.add_argument("--authors-code", type=Path, default=Path(os.environ.get("AUTHORS_CODE", "/work/authors/code")))
+    ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))
+    ap.add_argument("--out", type=Path, help="default: results/side_by_side/sraven_<variant>_seed<S>.json")
+    args = ap.parse_args()
+    if args.summary:
+        text = summary(args)
+        print(text)
+        (args.dir / f"sraven_{args.variant}.md").write_text(text)
+        return
+    one_seed(args)
 
 
 if __name__ == "__main__":

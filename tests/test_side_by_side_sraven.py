@@ -38,13 +38,33 @@ def test_bins_and_evaluations_line_up(tmp_path: Path) -> None:
         for line in text.splitlines()
         if line[:2] == "| "
     }
-    # bin 1-1000: their updates 250..1000, ours steps 250..1000; bin 2001-3000 is past their last update
-    for bin_, mean_step in (("1-1000", 625), ("1001-2000", 1625)):  # mean step of the four points
-        expected = [2.0 - mean_step / 10_000, 3.0 - mean_step / 10_000, 100 * mean_step / 20_000, 0.0]
-        assert [float(v) for v in rows[bin_]] == pytest.approx(expected, abs=0.051), bin_  # printed to 3 and 1 decimals
+    # their logged step is the number of updates made: bin 1-1000 holds their lines 1, 251, 501, 751 (made
+    # after loop indices 0..750), ours 250..1000; bin 2001-3000 is past their last update (2,001)
+    for bin_, their_index, our_step in (("1-1000", 375, 625), ("1001-2000", 1375, 1625)):
+        loss, acc, grad_norm, param_norm = (cell.split(" / ") for cell in rows[bin_])
+        assert [float(v) for v in loss] == pytest.approx(
+            [2.0 - their_index / 10_000, 3.0 - our_step / 10_000], abs=6e-4
+        )
+        assert [float(v) for v in acc] == pytest.approx([100 * their_index / 20_000, 0.0], abs=0.051)
+        assert grad_norm == ["-", "-"] and param_norm == ["-", "-"]  # neither log has them here
     assert "2001-3000" not in rows
-    # their evaluation logged as step 1001 is the one after 1,000 updates, beside ours at 1,000
+    # their evaluation logged as step 1001 (after loop index 1000) is listed beside ours after 1,000 updates
     assert "| 1000 | 15.0 | 50.0 | 25.0 | 50.0 |" in text
     assert "| 2000 | 20.0 | - | 30.0 | - |" in text
     saved = json.loads(out.read_text())
-    assert saved["meta"]["authors_updates"] == 2000 and max(p["step"] for p in saved["ours"]) == 2000
+    assert saved["meta"]["authors_updates"] == 2001 and max(p["step"] for p in saved["ours"]) == 2000
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_summary_gives_mean_and_standard_error_over_seeds(tmp_path: Path) -> None:
+    for seed, (theirs, ours) in enumerate(((0.2, 0.1), (0.3, 0.2), (0.1, None))):
+        curves = {
+            "authors": [{"step": 2501, "split": "ood", "acc": theirs}],
+            "ours": [{"step": 2500, "split": "ood", "acc": ours}] if ours is not None else [],
+        }
+        (tmp_path / f"sraven_hyla_seed{seed}.json").write_text(json.dumps(curves))
+    args = ["--summary", "--dir", str(tmp_path)]
+    text = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True).stdout
+    # theirs: 20, 30, 10 -> 20.0 +- 5.8 (3 seeds); ours: 10, 20 -> 15.0 +- 5.0 (2 seeds)
+    assert "| 2500 | 20.0 +- 5.8 (3) | 15.0 +- 5.0 (2) | - | - |" in text
+    assert (tmp_path / "sraven_hyla.md").read_text() == text.rstrip("\n") + "\n"
