@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: install demo test test-portable test-kernel lint bench clean
+.PHONY: install demo test test-portable test-kernel lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text,sweep]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text,sweep,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,6 +45,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# The guides (docs/, mkdocs.yml) and the API reference from the docstrings, into site/; a broken link, a
+# missing page or a docstring griffe cannot parse fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # The CPU tables in results/ (see each file for its exact command); benchmarks/gpu_*.sh for a GPU.
 bench: $(STAMP)
 	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 --json results/bench_step_sraven_cpu.json
@@ -53,4 +58,4 @@ bench: $(STAMP)
 	$(BIN)/hyla bench train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 20 --repeats 3 --json results/train_throughput_fuzzy_cpu.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

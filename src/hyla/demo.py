@@ -28,7 +28,7 @@ from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_check
 from hyla.train.cli import failure_exit_code
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-from hyla.train.rundir import RunRecord, read_run
+from hyla.train.rundir import METRICS, RunRecord, has_record, read_run
 from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
 DEMO_VARIANTS = ("softmax", "linear", "hyla")
@@ -48,8 +48,8 @@ def paper_records(sweep_name: str, root: Path, variants: list[str]) -> dict[str,
         if not specs:
             raise ValueError(f"--variants: sweep {sweep.name} has no run of row {variant!r} at seed 0")
         record = root / sweep.name / specs[0].name
-        if not (record / "config.yaml").is_file() or not (record / "metrics.jsonl").is_file():
-            raise ValueError(f"{record}: no committed record (config.yaml, metrics.jsonl) to start from")
+        if not has_record(record):
+            raise ValueError(f"{record}: no committed record (config.yaml, {METRICS}) to start from")
         records[variant] = record
     return records
 

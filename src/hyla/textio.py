@@ -2,7 +2,7 @@
 
 Every config, sweep file and run record goes through here, so bad input reads the same everywhere: a
 :class:`FileFormatError` (a ``ValueError``: the commands print it as one ``hyla X: error:`` line) naming the
-file, the line (and column) and what to do. A JSON-lines record (``metrics.jsonl``, ``made_by.jsonl``) is
+file, the line (and column) and what to do. A JSON-lines record (a run's metrics, ``made_by.jsonl``) is
 appended one line per write; a process killed mid-write (``kill -9``, a full disk) leaves a torn last line
 without its newline. Readers drop that line with a :class:`TornLineWarning` naming the file; writers cut it
 off before they append. Any other malformed line is an error. For the commands: :func:`error_line` (an

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
@@ -21,7 +22,15 @@ from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.tasks import PaperColumn, task_entry
-from hyla.train.rundir import MADE_BY, METRICS, RunRecord, has_trained_weights, read_pieces, read_run, run_state
+from hyla.train.rundir import (
+    MADE_BY,
+    RunRecord,
+    has_record,
+    has_trained_weights,
+    read_pieces,
+    read_run,
+    run_state,
+)
 from hyla.train.sweepfile import RunSpec, Sweep, load_sweep
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
@@ -86,30 +95,47 @@ def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
     return commits, devices, wall, unfinished
 
 
-def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
-    """The markdown section of one sweep (and its figure under ``figures``)."""
+@dataclass
+class RowResult:
+    """One sweep row as the report reads it: the grid point its validation metric chose and its numbers."""
+
+    row: str
+    #: finished seeds at the chosen grid point (0: no grid point has one yet)
+    seeds: int
+    #: the chosen grid point, ``((key, value), ...)``; ``()`` when none is chosen yet
+    point: tuple
+    test: tuple[float, float] | None
+    ood: tuple[float, float] | None
+    #: the paper's (mean, s.e.) in % (Table A1 sweeps only)
+    paper: tuple[float, float] | None
+    #: where a row without a chosen point stands: ``not run yet`` or ``in progress (...)``
+    status: str = ""
+    #: the chosen grid point's runs that have records
+    runs: list[RunRecord] = field(default_factory=list)
+
+
+@dataclass
+class SweepResults:
+    """A sweep's records, read once: each row's result and every grid point's line."""
+
+    sweep: Sweep
+    task: str
+    rows: list[RowResult]
+    #: ``(row, point, seeds done, seeds planned, test, ood)`` for every grid point, in sweep order
+    points: list[tuple[str, tuple, int, int, tuple[float, float] | None, tuple[float, float] | None]]
+    loaded: dict[str, RunRecord]
+    done: set[str]
+
+
+def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
+    """Read a sweep's records under ``root`` and choose each row's grid point by its in-distribution
+    validation metric (among the points with the most finished seeds), never by OOD."""
     runs = sweep.runs()
     task = sweep.configs[runs[0].name].data.task
-    metric, what = paper_column(task).metric, paper_column(task).title
+    metric = paper_column(task).metric
     records = root / sweep.name
-    loaded: dict[str, RunRecord] = {}
-    for spec in runs:
-        if (records / spec.name / METRICS).is_file():
-            loaded[spec.name] = read_run(records / spec.name)
+    loaded = {spec.name: read_run(records / spec.name) for spec in runs if has_record(records / spec.name)}
     done = {name for name in loaded if run_state(records / name) == "done"}
-    commits, devices, wall, unfinished = _made_by(records)
-    untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
-    lines = [
-        f"## {sweep.name}",
-        "",
-        f"Command: `hyla sweep {sweep.name}` (`configs/sweeps/{sweep.name}.yaml`; records in "
-        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(runs)} runs finished"
-        f", {len(loaded) - len(done)} in progress.",
-        f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
-        f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
-        "",
-    ]
-    grid_keys = list(sweep.grid)
     by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
     for spec in runs:
         by_point.setdefault((spec.row, spec.point), []).append(spec)
@@ -118,12 +144,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         values = [v for s in specs if s.name in done if (v := _final(loaded[s.name], split, metric)) is not None]
         return values, (mean_se(values) if values else None)
 
-    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in grid_keys)
-    head += f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |"
-    table = [head, "|" + "---|" * 7]
-    all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
-    all_points.append("|" + "---|" * (len(grid_keys) + 4))
-    chosen_runs: list[tuple[str, RunRecord]] = []
+    rows, points = [], []
     for row in sweep.rows:
         candidates = []
         for (r, point), specs in by_point.items():
@@ -131,10 +152,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
                 continue
             _, test = stats(specs, "test")
             ood_values, ood = stats(specs, "ood")
-            all_points.append(
-                f"| {row} | " + " | ".join(str(v) for _, v in point) + f" | {len(ood_values)}/{len(specs)} | "
-                f"{_fmt(test)} | {_fmt(ood)} |"
-            )
+            points.append((row, point, len(ood_values), len(specs), test, ood))
             if test is not None and ood is not None:
                 candidates.append((test[0], point, specs, ood, len(ood_values)))
         paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
@@ -146,16 +164,60 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
                 last_ood = furthest.final("ood")
                 ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
                 status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
-            table.append(f"| {row} | 0 | {status} | - | - | {_fmt(paper)} | - |")
+            rows.append(RowResult(row, 0, (), None, None, paper, status))
             continue
         # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
         _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
         _, test = stats(specs, "test")
-        chosen = ", ".join(str(v) for _, v in point) or "-"
+        chosen = [loaded[s.name] for s in specs if s.name in loaded]
+        rows.append(RowResult(row, n, point, test, ood, paper, runs=chosen))
+    return SweepResults(sweep, task, rows, points, loaded, done)
+
+
+def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
+    """The markdown section of one sweep (and its figure under ``figures``)."""
+    found = sweep_results(sweep, root)
+    task, loaded, done = found.task, found.loaded, found.done
+    metric, what = paper_column(task).metric, paper_column(task).title
+    commits, devices, wall, unfinished = _made_by(root / sweep.name)
+    untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
+    lines = [
+        f"## {sweep.name}",
+        "",
+        f"Command: `hyla sweep {sweep.name}` (`configs/sweeps/{sweep.name}.yaml`; records in "
+        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(sweep.runs())} runs "
+        f"finished, {len(loaded) - len(done)} in progress.",
+        f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
+        f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
+        "",
+    ]
+    grid_keys = sweep.axis_keys()
+    fixed = {row: sweep.row_values(row) for row in sweep.rows}
+
+    def cells(row: str, point: tuple) -> list[str]:
+        # a row without another row's own axis (its grid:) shows the value its runs have there
+        values = {**fixed[row], **dict(point)}
+        return [str(values[k]) for k in grid_keys]
+
+    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in grid_keys)
+    head += f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |"
+    table = [head, "|" + "---|" * 7]
+    all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
+    all_points.append("|" + "---|" * (len(grid_keys) + 4))
+    for row, point, n, planned, test, ood in found.points:
+        values = " | ".join(cells(row, point))
+        all_points.append(f"| {row} | {values} | {n}/{planned} | {_fmt(test)} | {_fmt(ood)} |")
+    chosen_runs: list[tuple[str, RunRecord]] = []
+    for r in found.rows:
+        if r.ood is None:
+            table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - |")
+            continue
+        chosen = ", ".join(cells(r.row, r.point)) or "-"
         table.append(
-            f"| {row} | {n} | {chosen} | {_fmt(test)} | {_fmt(ood)} | {_fmt(paper)} | {agreement(ood, paper, n)} |"
+            f"| {r.row} | {r.seeds} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
+            f"{agreement(r.ood, r.paper, r.seeds)} |"
         )
-        chosen_runs += [(row, loaded[s.name]) for s in specs if s.name in loaded]
+        chosen_runs += [(r.row, run) for run in r.runs]
     in_progress = [run for name, run in loaded.items() if name not in done]
     for run in in_progress:
         chosen_runs.append((run.label.split("-")[0] + " (in progress)", run))
@@ -184,6 +246,51 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         lines += ["### The latent code of the trained models", "", *section, ""]
         lines += [*figure_lines(results, names, f"{figures.name}/"), ""]
     return "\n".join(lines)
+
+
+#: the README's generated table sits between these lines (``hyla report --readme-table --out README.md``)
+README_BEGIN = "<!-- paper-table:begin (generated by `hyla report --readme-table --out README.md`; do not edit) -->"
+README_END = "<!-- paper-table:end -->"
+#: the Table A1 sweeps the README's table reads, in the paper's column order
+README_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven")
+TASK_TITLES = {"fuzzy_logic": "fuzzy logic", "sraven": "SRAVEN"}
+
+
+def readme_table(root: Path) -> str:
+    """The README's paper-vs-ours table: every Table A1 cell with a finished seed (row chosen as in
+    ``paper.md``), the paper's value, agreement within 2 s.e. and seeds; then the rows not run yet."""
+    from hyla.attention.config import PRESET_TITLES
+
+    lines = [
+        "| Table A1 row | task: OOD metric | ours (%) | paper (%) | agree within 2 s.e. | seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    missing = []
+    for name in README_SWEEPS:
+        found = sweep_results(load_sweep(name), root)
+        task = TASK_TITLES.get(found.task, found.task)
+        what = f"{task}: {paper_column(found.task).title.removesuffix(' (%)')}"
+        for r in found.rows:
+            if r.ood is None:
+                continue
+            preset = r.row.removesuffix("_moe")
+            title = PRESET_TITLES.get(preset, preset) + (" + MoE" if r.row.endswith("_moe") else "")
+            lines.append(
+                f"| {title} | {what} | {_fmt(r.ood)} | {_fmt(r.paper)} | {agreement(r.ood, r.paper, r.seeds)} "
+                f"| {r.seeds} |"
+            )
+        missing.append(f"{sum(r.ood is None for r in found.rows)} of {len(found.rows)} {task} rows")
+    lines += ["", f"Not run yet: {', '.join(missing)}; every row and grid point: `results/paper.md`."]
+    return "\n".join(lines)
+
+
+def replace_readme_table(text: str, table: str) -> str:
+    """``text`` with the part between :data:`README_BEGIN` and :data:`README_END` replaced by ``table``."""
+    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+        raise ValueError(f"the README needs one line {README_BEGIN!r} and one {README_END!r} to put the table in")
+    head, rest = text.split(README_BEGIN)
+    _, tail = rest.split(README_END)
+    return f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}"
 
 
 def side_by_side_section(path: Path) -> str:

@@ -25,7 +25,7 @@ from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.textio import error_line
 from hyla.train.config import config_key, flat_config
-from hyla.train.rundir import RunRecord, read_run
+from hyla.train.rundir import RunRecord, metrics_path, read_run
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
 SWEEP_KEYS = (
@@ -108,7 +108,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     splits = [s for s in ("train", "test", "ood", "unseen_terms") if any(r.final(s) for r in runs)]
     if not splits:
         raise ValueError(
-            f"no evaluation in {', '.join(str(r.path / 'metrics.jsonl') for r in runs)} yet (the first comes at "
+            f"no evaluation in {', '.join(str(metrics_path(r.path)) for r in runs)} yet (the first comes at "
             "step train.eval_every); report the runs after it"
         )
     metric, unit = runs[0].primary_metric, runs[0].task.metric_title
@@ -239,7 +239,28 @@ def report_error(err: ValueError | OSError) -> int:
     return 2
 
 
+def readme_table_command(out: str | None, sweep_root: str | None) -> int:
+    """Print the README's paper-vs-ours table; with ``out`` (a README) also rewrite it between the markers."""
+    from hyla.analysis.paper_report import readme_table, replace_readme_table
+    from hyla.train.sweepfile import RECORD_ROOT
+
+    try:
+        table = readme_table(Path(sweep_root or RECORD_ROOT))
+        if out is not None:
+            path = Path(out)
+            path.write_text(replace_readme_table(path.read_text(), table))
+    except (ValueError, OSError) as err:
+        return report_error(err)
+    print(table)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.readme_table:
+        return readme_table_command(args.out, args.sweep_root)
+    if args.out is None:
+        print("hyla report: error: --out DIR is required", file=sys.stderr)
+        return 2
     if args.paper:
         from hyla.analysis.paper_report import LATENT_PROBLEMS, paper_report
         from hyla.train.sweepfile import RECORD_ROOT
@@ -273,8 +294,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="OUT/paper.md: ours beside the paper from the sweep records (sweeps: table_a1_fuzzy, table_a1_sraven, "
         "fig2c_fuzzy unless named)",
     )
+    p.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print the README's ours-vs-paper table from the sweep records; with --out README.md, also put it "
+        "between the README's paper-table markers",
+    )
     p.add_argument("--sweep-root", help="where the sweep records are (default results/sweeps)")
-    p.add_argument("--out", required=True, help="DIR for report.md and the PNG figures")
+    p.add_argument("--out", help="DIR for report.md and the PNG figures (with --readme-table: the README to update)")
     p.add_argument(
         "--latents",
         type=int,

@@ -3,8 +3,8 @@
 A sweep file (``configs/sweeps/*.yaml``, one per paper experiment; format in
 :mod:`hyla.train.sweepfile`) names rows x grid x seeds over a base config. Run
 ``ROW-lr0.001-weight_decay0.1-seed0`` trains into ``ROOT/<sweep name>/<run>/`` (ROOT: ``results/sweeps``):
-``config.yaml`` and ``metrics.jsonl`` are the record (committed); ``made_by.jsonl`` says which commit,
-machine and device trained which steps and for how long; checkpoints and ``tb/`` stay local
+``config.yaml`` and the metrics (:mod:`hyla.train.rundir`) are the record (committed); ``made_by.jsonl``
+says which commit, machine and device trained which steps and for how long; checkpoints and ``tb/`` stay local
 (``.gitignore``). Order: the ``first`` rows, then by grid point, seed and row. A finished run (its
 last evaluation written) is never rerun; a stopped one resumes from its checkpoint. Runs that the
 stacked trainer can stack (same everything but seed and optimizer hyperparameters) and that start

@@ -17,6 +17,7 @@ from hyla.textio import FileFormatError, read_yaml
 from hyla.train.checkpoint import CheckpointError, checkpoint_step
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.plan import engine_for, plan_groups
+from hyla.train.rundir import METRICS
 
 
 def _sweep_entries(path: str) -> list[dict[str, Any]]:
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML path or a name in configs/ (e.g. sraven, fuzzy_logic)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. model.attention=hyla")
-    p.add_argument("--out", required=True, help="run directory (config.yaml, metrics.jsonl, tb/, checkpoints/)")
+    p.add_argument("--out", required=True, help=f"run directory (config.yaml, {METRICS}, tb/, checkpoints/)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     p.add_argument(

@@ -6,7 +6,7 @@ non-finite check, checkpoints (save, resume) and signals. The engine (:mod:`hyla
 and the optimizer. ``self.step`` follows the engine's convention: the number of updates made.
 
 Determinism contract: with the same config, a run interrupted by ``--stop-at-step`` (or a signal)
-and resumed writes the same ``metrics.jsonl`` as an uninterrupted run, bit for bit on CPU. Everything
+and resumed writes the same metrics file as an uninterrupted run, bit for bit on CPU. Everything
 random is drawn from generators whose states are checkpointed, and every metric written is a
 function of the step alone (timing goes only to the progress bar and TensorBoard).
 """

@@ -64,9 +64,20 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
     rewrite_jsonl(path, [record for record in read_jsonl(path) if record["step"] <= step])
 
 
+def has_record(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a run's record: its ``config.yaml`` and its metrics (what :func:`read_run` reads)."""
+    run_dir = Path(run_dir)
+    return (run_dir / "config.yaml").is_file() and (run_dir / METRICS).is_file()
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """The file a run directory's metrics are in (one ``{"step", "split", ...}`` line per record)."""
+    return Path(run_dir) / METRICS
+
+
 def run_state(run_dir: Path) -> str:
     """``done`` (its final evaluation is written), ``stopped`` (a checkpoint to resume) or ``new``."""
-    if (run_dir / "config.yaml").is_file() and (run_dir / METRICS).is_file():
+    if has_record(run_dir):
         steps = read_config_values(str(run_dir / "config.yaml")).get("train", {}).get("steps")
         for row in read_jsonl(run_dir / METRICS):
             if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
@@ -186,10 +197,10 @@ class RunRecord:
 def read_run(path: str | Path) -> RunRecord:
     """The records of the run directory ``path``; a damaged file is an error naming it and its line."""
     path = Path(path)
-    cfg_path, metrics_path = path / "config.yaml", path / METRICS
-    if not cfg_path.is_file() or not metrics_path.is_file():
-        raise ValueError(f"{path} is not a run directory (needs config.yaml and metrics.jsonl)")
+    if not has_record(path):
+        raise ValueError(f"{path} is not a run directory (needs config.yaml and {METRICS})")
+    cfg_path = path / "config.yaml"
     config = read_yaml(cfg_path)
     if not isinstance(config, dict):
         raise FileFormatError(f"{cfg_path}: not a run's resolved config (a mapping); restore it from the run")
-    return RunRecord(path, config, read_jsonl(metrics_path))
+    return RunRecord(path, config, read_jsonl(path / METRICS))
