@@ -91,7 +91,9 @@ def test_runs_are_ordered_named_and_valid(tmp_path: Path) -> None:
 
 def test_every_paper_sweep_file_loads() -> None:
     counts = {name: len(load_sweep(name).runs()) for name in ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")}
-    assert counts == {"table_a1_fuzzy": 12 * 4 * 3, "table_a1_sraven": 12 * 4 * 3, "fig2c_fuzzy": 3 * 12 * 3}
+    # SRAVEN: softmax, linear and hyla also sweep warmup {1000, 3000} (the authors' sweeps/raven.yaml)
+    sraven = 3 * 8 * 3 + 9 * 4 * 3
+    assert counts == {"table_a1_fuzzy": 12 * 4 * 3, "table_a1_sraven": sraven, "fig2c_fuzzy": 3 * 12 * 3}
     first = load_sweep("table_a1_fuzzy").runs()[:9]
     assert {r.row for r in first} == {"softmax", "linear", "hyla"}
     assert all(dict(r.point) == {"train.lr": 0.001, "train.weight_decay": 0.1} for r in first)
@@ -276,6 +278,110 @@ def test_where_keeps_the_runs_at_those_grid_values_and_seeds(
     ]:
         assert main([*argv, "--where", where]) == 2
         assert message in capsys.readouterr().err
+
+
+def own_warmup_axis(tmp_path: Path) -> Path:
+    """softmax on the sweep's grid; hyla adds warmup {2, 4} (the sweep's overrides set 2) as a row's own axis."""
+    rows = {
+        "softmax": {"model.attention": "softmax"},
+        "hyla": {"model.attention": "hyla", "grid": {"train.warmup_steps": [2, 4]}},
+    }
+    return write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001, 0.003]}, seeds=[0, 1])
+
+
+def test_a_rows_own_grid_adds_an_axis_named_only_off_the_rows_value(tmp_path: Path) -> None:
+    path = own_warmup_axis(tmp_path)
+    sweep = load_sweep(str(path))
+    spec = yaml.safe_load(path.read_text())
+    del spec["rows"]["hyla"]["grid"]
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    plain = load_sweep(str(tmp_path / "plain.yaml"))
+    runs, before = sweep.runs(), plain.runs()
+    # the runs at the row's own value keep their names, order and configs; the new ones say their value
+    assert [r for r in runs if "warmup" not in r.name and r.row == "softmax"] == [
+        r for r in before if r.row == "softmax"
+    ]
+    kept = [r.name for r in runs if "warmup_steps4" not in r.name]
+    assert kept == [r.name for r in before]
+    assert all(sweep.configs[n].to_dict() == plain.configs[n].to_dict() for n in kept)
+    assert [r.name for r in runs if r.row == "hyla"][:4] == [
+        "hyla-lr0.001-seed0",
+        "hyla-lr0.001-seed1",
+        "hyla-lr0.001-warmup_steps4-seed0",
+        "hyla-lr0.001-warmup_steps4-seed1",
+    ]
+    assert len(runs) == 2 * 2 + 2 * 2 * 2 and sweep.configs["hyla-lr0.003-warmup_steps4-seed1"].train.warmup_steps == 4
+    assert {dict(r.point).get("train.warmup_steps") for r in runs if r.row == "softmax"} == {None}
+    assert sweep.axis_keys() == ["train.lr", "train.warmup_steps"] and sweep.row_values("softmax") == {
+        "train.warmup_steps": 2
+    }
+    for rows, message in [
+        ({"hyla": {"grid": {"train.lr": [0.01]}}}, "row hyla: grid key train.lr is already an axis of every run"),
+        ({"hyla": {"grid": {"train.nope": [1]}}}, "row hyla: grid key train.nope is not a key of its config"),
+        ({"hyla": {"grid": {"train.warmup_steps": []}}}, "row hyla: grid must map keys to non-empty lists"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            load_sweep(str(write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001]}, seeds=[0])))
+
+
+def test_the_sraven_main_rows_sweep_warmup_and_the_ablation_rows_do_not(tmp_path: Path) -> None:
+    sweep = load_sweep("table_a1_sraven")
+    spec = yaml.safe_load(sweep.path.read_text())
+    for row in spec["rows"].values():
+        row.pop("grid", None)
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    before = [r.name for r in load_sweep(str(tmp_path / "plain.yaml")).runs()]
+    runs = sweep.runs()
+    assert [r.name for r in runs if "warmup" not in r.name] == before  # the records' names, in their order
+    assert "hyla-lr0.001-weight_decay0.1-seed0" in before
+    main_rows = {"softmax", "linear", "hyla"}
+    warmups: dict[str, set[int]] = {}
+    for r in runs:
+        warmups.setdefault(r.row, set()).add(sweep.configs[r.name].train.warmup_steps)
+    assert all(warmups[row] == ({1000, 3000} if row in main_rows else {1000}) for row in sweep.rows)
+    new = sweep.runs(where={"train.warmup_steps": ["3000"]})
+    assert len(new) == 3 * 4 * 3 and {r.row for r in new} == main_rows
+    assert all(r.name.endswith(f"-warmup_steps3000-seed{r.seed}") for r in new)
+    # warmup 1000: every row, ablation rows too (their config's warmup)
+    assert [r.name for r in sweep.runs(where={"train.warmup_steps": ["1e3"]})] == before
+
+
+def test_where_on_a_rows_own_axis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = own_warmup_axis(tmp_path)
+    sweep = load_sweep(str(path))
+    assert [r.name for r in sweep.runs(where={"train.warmup_steps": ["4"], "seed": ["0"]})] == [
+        "hyla-lr0.001-warmup_steps4-seed0",
+        "hyla-lr0.003-warmup_steps4-seed0",
+    ]
+    at_two = sweep.runs(where={"train.warmup_steps": ["2"]})
+    assert {r.row for r in at_two} == {"softmax", "hyla"} and not any("warmup" in r.name for r in at_two)
+    argv = ["sweep", str(path), "--root", str(tmp_path / "r"), "--emit-commands"]
+    assert main([*argv, "--where", "train.warmup_steps=4"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 4 and all("train.warmup_steps=4 " in c and "model.attention=hyla" in c for c in commands)
+    assert main([*argv, "--where", "train.warmup_steps=3"]) == 2
+    assert "train.warmup_steps values: 2, 4" in capsys.readouterr().err
+
+
+def test_the_report_chooses_each_rows_point_over_its_own_axes(tmp_path: Path) -> None:
+    from test_paper_report import fake_record
+
+    path = own_warmup_axis(tmp_path)
+    sweep = load_sweep(str(path))
+    records = tmp_path / "sweeps" / "tiny"
+    for spec in sweep.runs():
+        point = dict(spec.point)
+        # hyla is best in distribution at warmup 4 (lr 0.001), softmax at lr 0.003
+        on_lr = point["train.lr"] == 0.001
+        best = on_lr and point["train.warmup_steps"] == 4 if spec.row == "hyla" else point["train.lr"] == 0.003
+        fake_record(records, spec, test=0.95 if best else 0.90 if on_lr else 0.80, ood=0.5 + 0.01 * spec.seed)
+    text = sweep_section(sweep, tmp_path / "sweeps", tmp_path / "figures", latents=0)
+    assert "| row | seeds done | chosen lr, warmup_steps |" in text
+    assert "| hyla | 2 | 0.001, 4 | 95.00 +- 0.00 |" in text
+    assert "| softmax | 2 | 0.003, 2 | 95.00 +- 0.00 |" in text
+    # every point of each row; softmax shows the warmup its runs have
+    assert "| softmax | 0.001 | 2 | 2/2 | 90.00 +- 0.00 |" in text and "| softmax | 0.003 | 4 |" not in text
+    assert "| hyla | 0.003 | 4 | 2/2 | 80.00 +- 0.00 |" in text and "| hyla | 0.001 | 2 | 2/2 | 90.00 +- 0.00 |" in text
 
 
 def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

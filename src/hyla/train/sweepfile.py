@@ -13,6 +13,17 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
     slurm: {partition: gpu, account: lab, qos: normal, time: 240, cpus: 8, mem_gb: 32, gpus: 1}
                               # what `hyla sweep --launcher slurm` asks of the cluster (SLURM_KEYS)
 
+A row may add axes of its own to the sweep's grid with a ``grid:`` entry among its overrides (keys not in
+the sweep's grid), e.g. ``hyla: {model.attention: hyla, grid: {train.warmup_steps: [1000, 3000]}}``: that
+row's points are the sweep's grid points times its own axes (last axis fastest), the other rows' are not.
+
+Run names: ``ROW-<key>VALUE...-seedS``, ``<key>`` the last part of each grid key, e.g.
+``hyla-lr0.001-weight_decay0.1-seed0``. The sweep's grid keys are always named; a row's own axis is named
+only at values other than the one the row's runs have without it (its config with the sweep's and the row's
+overrides), so ``hyla-lr0.001-weight_decay0.1-seed0`` stays the run at the config's warmup after a row adds
+warmup to its grid, and ``hyla-lr0.001-weight_decay0.1-warmup_steps3000-seed0`` is the new one.
+``--where KEY=V`` on a row's own axis keeps the other rows' runs whose own value of KEY is V.
+
 ``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` and ``hyla demo`` read them with
 their records. The reader lives here, below the analysis layer, rather than in the top-level
 :mod:`hyla.sweep` package, because the analysis reads sweep files and nothing below the commands may
@@ -27,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.textio import read_yaml
-from hyla.train.config import CONFIG_DIR, ExperimentConfig, load_config, parse_override_value
+from hyla.train.config import CONFIG_DIR, ExperimentConfig, flat_config, load_config, parse_override_value
 
 SWEEP_DIR = CONFIG_DIR / "sweeps"
 #: the ``slurm:`` keys of a sweep file (and ``hyla sweep --slurm KEY=VALUE``): what one job asks for
@@ -45,7 +56,8 @@ RECORD_ROOT = CONFIG_DIR.parent / "results" / "sweeps"
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of a sweep: its name, base config and overrides (``key=value`` strings)."""
+    """One run of a sweep: its name, base config and overrides (``key=value`` strings); ``point``: its value of
+    each of its row's grid keys (the sweep's, then the row's own)."""
 
     name: str
     row: str
@@ -86,8 +98,44 @@ class Sweep:
         if items:
             check_run_configs(self, "--override " + " ".join(items))
 
+    def _row_base(self, row: str) -> tuple[str, dict[str, Any]]:
+        """``row``'s base config and its overrides (its ``config:`` and ``grid:`` entries taken out)."""
+        extra = {k: v for k, v in self.rows[row].items() if k not in ("config", "grid")}
+        return str(self.rows[row].get("config", self.config)), extra
+
+    def row_grid(self, row: str) -> dict[str, list[Any]]:
+        """The axes of ``row``'s runs: the sweep's grid, then the row's own ``grid:``."""
+        return {**self.grid, **self.rows[row].get("grid", {})}
+
+    def own_keys(self) -> list[str]:
+        """The keys of the rows' own grids, in file order."""
+        return list(dict.fromkeys(k for spec in self.rows.values() for k in spec.get("grid", {})))
+
+    def axis_keys(self) -> list[str]:
+        """Every grid key of the sweep: its grid's, then the rows' own."""
+        return [*self.grid, *self.own_keys()]
+
+    def row_values(self, row: str) -> dict[str, Any]:
+        """``row``'s value of each of the rows' own grid keys apart from its grid: its config with the sweep's
+        and the row's overrides. Names leave a row's own axis out at this value; ``--where`` compares rows
+        without the axis by it."""
+        keys = self.own_keys()
+        if not keys:  # no config to load for the sweeps without per-row axes
+            return {}
+        config, extra = self._row_base(row)
+        items = [f"{k}={_yaml_scalar(v)}" for k, v in {**self.overrides, **extra}.items()]
+        try:
+            flat = flat_config(load_config(config, items).to_dict())
+        except ValueError as err:
+            raise ValueError(f"row {row}: {err}") from err
+        unknown = [k for k in keys if k not in flat]
+        if unknown:
+            raise ValueError(f"row {row}: grid key {unknown[0]} is not a key of its config {config}")
+        return {k: flat[k] for k in keys}
+
     def runs(self, only: list[str] | None = None, where: dict[str, list[str]] | None = None) -> list[RunSpec]:
-        """Every run in order (the ``first`` rows, then by grid point, seed, row).
+        """Every run in order (the ``first`` rows, then by grid point (the sweep's, then the row's own
+        axes), seed, row).
 
         ``only``: these rows. ``where``: grid keys (or ``seed``) to the values to keep, as written on the
         command line, e.g. ``{"train.lr": ["1e-3"], "seed": ["2"]}`` (numbers compare by value).
@@ -96,7 +144,11 @@ class Sweep:
             unknown = [r for r in only if r not in self.rows]
             if unknown:
                 raise ValueError(f"--only {unknown[0]!r} is not a row of {self.name}; rows: {', '.join(self.rows)}")
-        axes: dict[str, list[Any]] = {**self.grid, "seed": list(self.seeds)}
+        axes: dict[str, list[Any]] = {}
+        for row in self.rows:
+            for key, values in self.row_grid(row).items():
+                axes.setdefault(key, []).extend(v for v in values if v not in axes.get(key, []))
+        axes["seed"] = list(self.seeds)
         keep: dict[str, list[Any]] = {}
         for key, wanted in (where or {}).items():
             if key not in axes:
@@ -106,24 +158,25 @@ class Sweep:
             if missing:
                 allowed = ", ".join(_yaml_scalar(v) for v in axes[key])
                 raise ValueError(f"--where {key}={missing[0]}: not in the grid of {self.name}; {key} values: {allowed}")
-        points = [
-            tuple(zip(self.grid, values))
-            for values in itertools.product(*self.grid.values())
-            if all(v in keep.get(k, [v]) for k, v in zip(self.grid, values))
-        ]
-        row_order = list(self.rows)
+        shared = [tuple(zip(self.grid, values)) for values in itertools.product(*self.grid.values())]
         specs = []
-        for p, point in enumerate(points):
-            for seed in keep.get("seed", self.seeds):
-                for r, row in enumerate(row_order):
-                    if only and row not in only:
-                        continue
-                    extra = dict(self.rows[row])
-                    config = str(extra.pop("config", self.config))
-                    name = "-".join([row, *(f"{k.split('.')[-1]}{v}" for k, v in point), f"seed{seed}"])
+        for r, row in enumerate(self.rows):
+            if only and row not in only:
+                continue
+            config, extra = self._row_base(row)
+            own = self.rows[row].get("grid", {})
+            fixed = self.row_values(row)
+            own_points = [tuple(zip(own, values)) for values in itertools.product(*own.values())]
+            for (p, base), (q, added) in itertools.product(enumerate(shared), enumerate(own_points)):
+                point = base + added
+                if not all(v in keep.get(k, [v]) for k, v in {**fixed, **dict(point)}.items()):
+                    continue
+                named = [*base, *((k, v) for k, v in added if v != fixed[k])]
+                for seed in keep.get("seed", self.seeds):
+                    name = "-".join([row, *(f"{k.split('.')[-1]}{v}" for k, v in named), f"seed{seed}"])
                     values = {**self.overrides, **extra, **dict(point), "seed": seed, "name": name}
                     overrides = tuple(f"{k}={_yaml_scalar(v)}" for k, v in values.items())
-                    key = (row not in self.first, p, seed, self.first.index(row) if row in self.first else r)
+                    key = (row not in self.first, p, q, seed, self.first.index(row) if row in self.first else r)
                     specs.append((key, RunSpec(name, row, config, overrides, point, seed)))
         return [spec for _, spec in sorted(specs, key=lambda item: item[0])]
 
@@ -161,6 +214,18 @@ def load_sweep(name_or_path: str) -> Sweep:
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ValueError(f"{path}: grid must map keys to non-empty lists, e.g. {{train.lr: [0.001, 0.003]}}")
+    for row, overrides in rows.items():
+        own = overrides.get("grid", {})
+        if not isinstance(own, dict) or not all(isinstance(v, list) and v for v in own.values()):
+            raise ValueError(
+                f"{path}: row {row}: grid must map keys to non-empty lists, e.g. {{train.warmup_steps: [1000, 3000]}}"
+            )
+        # one axis, one naming rule: a key of the sweep's grid is always named, a row's own only off its value
+        clash = [k for k in own if k in grid or k in ("seed", "name")]
+        if clash:
+            raise ValueError(
+                f"{path}: row {row}: grid key {clash[0]} is already an axis of every run; a row's grid adds keys"
+            )
     seeds = spec.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
         raise ValueError(f"{path}: seeds must be a non-empty list of integers, got {seeds!r}")
@@ -207,7 +272,13 @@ def check_run_configs(sweep: Sweep, source: str) -> None:
     """Load every run's config into ``sweep.configs`` before anything trains; an error names ``source``
     (the sweep file, or the ``--override`` that broke it) and the run."""
     configs = {}
-    for run in sweep.runs():
+    try:
+        runs = sweep.runs()
+    except ValueError as err:  # a row's grid key that its config lacks
+        raise ValueError(f"{source}: {err}") from err
+    for run in runs:
+        if run.name in configs:  # two runs in one directory would resume each other's checkpoints
+            raise ValueError(f"{source}: two runs are named {run.name}; give the grid values that differ")
         try:
             configs[run.name] = load_config(run.config, list(run.overrides))
         except ValueError as err:
