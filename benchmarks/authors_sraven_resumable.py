@@ -9,7 +9,8 @@ batches by index, drawing batch ``i`` as their ``SyntheticDataloader`` does (``s
 
 State file: ``<log_dir>/resume.pkl`` = {"state": their ExperimentState, "next_index": next batch index,
 "finished": bool, "config": the config after setup}, written atomically every ``--save_every_minutes``, at
-``--stop_after`` and on SIGTERM/SIGINT (after the current step, including its evaluation, then exit 0). A run
+``--stop_after`` and on SIGTERM/SIGINT (after the current step, including its evaluation, then exit 0; a signal
+that comes before the first step, during the imports, setup or compilation, is acted on after that step). A run
 whose log_dir has it resumes from it and appends to ``event.log``. At the end of the schedule, config.pkl and
 state.pkl are written as by their main(), but state.pkl holds the trained state (theirs holds the initial one).
 
@@ -122,6 +123,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 
 def main(argv: list[str]) -> int:
+    # From the start: a signal during the imports, the setup or the first compilation (tens of seconds) is acted
+    # on after the first step, so a run stopped that early still saves (at batch index start + 1).
+    stop = StopRequest()
     run = import_their_run()
     import jax
     import jax.numpy as jnp
@@ -180,7 +184,6 @@ def main(argv: list[str]) -> int:
         payload = {"state": exp_state, "next_index": next_index, "finished": finished, "config": config.to_dict()}
         save_atomically(config.log_dir, payload)
 
-    stop = StopRequest()
     save_every_s = 60.0 * FLAGS.save_every_minutes
     last_save = time.monotonic()
 
@@ -231,5 +234,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_main(argv: list[str]) -> int:
+    """main(), after which SIGTERM/SIGINT are ignored: Python's shutdown puts back their default action, and a
+    stop sent again after the state was saved (benchmarks/gpu_sraven_verdict.sh repeats its SIGTERM until the
+    process ends) would end the process with status 143."""
+    try:
+        return main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(run_main(sys.argv))

@@ -12,6 +12,8 @@
 # the newest checkpoint of each unfinished run, results/paper.md and its plots; RESUME_FROM=that archive
 # unpacks it first, so a later call (or a CPU) continues from it. It prints the runs left.
 #   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
+#   STAGES    the stages to run, in this order (default "1-fuzzy 2-sraven-main 3-sraven-rest"); one more,
+#             sraven-hyla, is the SRAVEN HYLA row alone (benchmarks/gpu_sraven_verdict.sh runs it first)
 #   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
 #   ROOT      where the records go (default results/sweeps)
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
@@ -46,9 +48,21 @@ stage() {  # stage NAME SWEEP [--only ROWS]
     --max-minutes "$(awk "BEGIN { print $left_s / 60 }")" "${overrides[@]}"
 }
 
-stage 1-fuzzy "$fuzzy"
-stage 2-sraven-main "$sraven" --only softmax,linear,hyla
-stage 3-sraven-rest "$sraven"
+stages=${STAGES:-1-fuzzy 2-sraven-main 3-sraven-rest}
+for name in $stages; do  # every name checked before anything trains
+  case $name in
+    1-fuzzy|sraven-hyla|2-sraven-main|3-sraven-rest) ;;
+    *) echo "unknown stage $name in STAGES (1-fuzzy, sraven-hyla, 2-sraven-main, 3-sraven-rest)" >&2; exit 2 ;;
+  esac
+done
+for name in $stages; do
+  case $name in
+    1-fuzzy) stage 1-fuzzy "$fuzzy" ;;
+    sraven-hyla) stage sraven-hyla "$sraven" --only hyla ;;
+    2-sraven-main) stage 2-sraven-main "$sraven" --only softmax,linear,hyla ;;
+    3-sraven-rest) stage 3-sraven-rest "$sraven" ;;
+  esac
+done
 left=$( { "$py" -m hyla sweep "$fuzzy" --root "$root" --emit-commands "${overrides[@]}";
           "$py" -m hyla sweep "$sraven" --root "$root" --emit-commands "${overrides[@]}"; } | sed -n 's/.* --out \([^ ]*\) .*/\1/p')
 # the archive: records and final weights of every run, the newest checkpoint of each unfinished one,

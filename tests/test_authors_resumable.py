@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "authors_sraven_resumable.py"
 AUTHORS_VENV = Path(os.environ.get("AUTHORS_VENV", "/work/authors/venv"))
@@ -26,21 +28,13 @@ pytestmark = pytest.mark.skipif(
     reason="needs the authors' venv and code (AUTHORS_VENV, AUTHORS_CODE)",
 )
 
-BATCH = 8
-#: their configs/raven.py, shrunk; warmup_steps must stay below the schedule (optax needs decay_steps > 0)
+BATCH = AUTHORS_TINY_BATCH
 TINY = [
     "--config=configs/raven.py:raven_3x3_4features;linear_hypatt",
     "--config.seed=3",
-    "--config.model.num_layers=1",
-    "--config.model.emb_dim=16",
-    "--config.model.mlp_dim=16",
-    "--config.model.num_heads=4",
-    "--config.model.qk_dim=8",
-    "--config.model.v_dim=8",
+    *AUTHORS_TINY_MODEL,
     "--config.data.num_test=256",
     "--config.data.num_ood=256",
-    f"--config.batch_size={BATCH}",
-    "--config.warmup_steps=4",
     "--logger=standard",
 ]
 LOG_PREFIX = re.compile(r"^\[INFO\s+\d\d:\d\d:\d\d\] ")

@@ -12,6 +12,21 @@ if TYPE_CHECKING:
     import torch
 
 
+#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors_sraven_resumable.py);
+#: warmup must stay below the schedule (optax needs decay_steps > 0)
+AUTHORS_TINY_BATCH = 8
+AUTHORS_TINY_MODEL = [
+    "--config.model.num_layers=1",
+    "--config.model.emb_dim=16",
+    "--config.model.mlp_dim=16",
+    "--config.model.num_heads=4",
+    "--config.model.qk_dim=8",
+    "--config.model.v_dim=8",
+    f"--config.batch_size={AUTHORS_TINY_BATCH}",
+    "--config.warmup_steps=4",
+]
+
+
 def tiny_overrides(
     *,
     layers: int = 1,

@@ -1,0 +1,157 @@
+"""benchmarks/gpu_sraven_verdict.sh, as two device calls would run it, on the CPU at tiny sizes: the first call
+trains the authors' SRAVEN HYLA (three seeds at once, stopped by SIGTERM when their minutes are spent) and then
+our SRAVEN HYLA row, and packs one archive; the second, from that archive, continues their runs where they
+stopped. The overrides are those of a GPU call (train.fast=true for ours; their configs/raven.py with the
+flags below), only the sizes are tiny.
+
+Their part needs the authors' venv and checkout (AUTHORS_VENV, AUTHORS_CODE); where they are missing (CI), the
+same calls run ours alone (AUTHORS_SEEDS empty)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL, tiny_overrides
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu_sraven_verdict.sh"
+AUTHORS_VENV = Path(os.environ.get("AUTHORS_VENV", "/work/authors/venv"))
+AUTHORS_CODE = Path(os.environ.get("AUTHORS_CODE", "/work/authors/code"))
+AUTHORS_PYTHON = AUTHORS_VENV / "bin" / "python"
+HAVE_AUTHORS = AUTHORS_PYTHON.exists() and (AUTHORS_CODE / "run.py").is_file()
+
+SEEDS = (0, 1)  # two at once: on a GPU three
+BATCH = AUTHORS_TINY_BATCH
+#: their configs/raven.py shrunk, with a schedule of 100,000 steps that no call here finishes
+AUTHORS_EXTRA = [
+    *AUTHORS_TINY_MODEL,
+    f"--config.data.num_train={100_000 * BATCH}",
+]
+RUNS = "results/gpu_sraven_verdict/authors"
+
+
+def tiny_sweep(where: Path, task: str, grid: dict) -> Path:
+    """A tiny sweep of the one row hyla (the paper configs' split and attention dropout, as gpu_paper.sh's test)."""
+    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in tiny_overrides(steps=8, every=4))}
+    overrides.update({"data.split_seed": None, "model.attention_dropout": 0.1})
+    spec = {
+        "name": f"tiny_{task}",
+        "config": task,
+        "rows": {"hyla": {"model.attention": "hyla"}},
+        "grid": grid,
+        "seeds": [0],
+        "overrides": overrides,
+    }
+    path = where / f"{task}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "ROOT": "records",  # relative: the archive holds paths relative to where the script runs
+        "FUZZY": str(tiny_sweep(tmp_path, "fuzzy_logic", {})),
+        "SRAVEN": str(tiny_sweep(tmp_path, "sraven", {"train.lr": [0.001, 0.0003]})),  # one stack of two runs
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+        "AUTHORS_SEEDS": "",
+    }
+    if HAVE_AUTHORS:
+        code = tmp_path / "authors_code"  # as `prepare` copies it: their checkout is never written to
+        shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+        env.update(
+            AUTHORS_SEEDS=" ".join(map(str, SEEDS)),
+            AUTHORS_CODE=str(code),
+            AUTHORS_PYTHON=str(AUTHORS_PYTHON),
+            AUTHORS_SITE=str(tmp_path / "site"),
+            AUTHORS_EXTRA=" ".join(AUTHORS_EXTRA),
+            EVAL_EVERY="50",
+            LOG_EVERY="1",
+            EVAL_PROBLEMS="32",
+            # every compilation into the cache that travels in the archive (a newer JAX compiles these tiny
+            # programs in under the default minimum of one second)
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        )
+
+    def call(where: str, **more: str) -> str:
+        (tmp_path / where).mkdir()
+        run_env = {**env, "MINUTES": "10", "ARCHIVE": str(tmp_path / f"{where}.tar.gz"), **more}
+        done = subprocess.run(
+            ["bash", str(SCRIPT)], env=run_env, cwd=tmp_path / where, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    def archived(where: str) -> set[str]:
+        path = tmp_path / f"{where}.tar.gz"
+        if not path.exists():  # split: its parts, concatenated
+            parts = sorted(tmp_path.glob(f"{where}.tar.gz.part-*"))
+            path = tmp_path / f"{where}.joined.tar.gz"
+            path.write_bytes(b"".join(p.read_bytes() for p in parts))
+        with tarfile.open(path) as tar:
+            return set(tar.getnames())
+
+    ours = [f"records/tiny_sraven/hyla-lr{lr}-seed0" for lr in (0.001, 0.0003)]
+    # the first call stops theirs at once: a stop before the first step is acted on after it (its evaluation
+    # included), so they stop at batch index 1 however slow this machine is
+    # its archive is split into parts of 20 kB (on a GPU, of 15 MiB), from which the second call continues
+    first = call("a", AUTHORS_MINUTES="0", PART_MIB="0.02")
+    assert not (tmp_path / "a.tar.gz").exists() and (tmp_path / "a.tar.gz.part-001").exists(), first
+    assert "== stage sraven-hyla" in first and "tiny_sraven: 2 runs finished now, 0 left" in first, first
+    assert "ours, SRAVEN HYLA: 0 runs left" in first, first
+    names = archived("a")
+    assert {f"{run}/{f}" for run in ours for f in ("metrics.jsonl", "model.safetensors")} <= names
+    assert not any("tiny_fuzzy_logic" in n for n in names)  # not trained: STAGES is sraven-hyla alone
+
+    # the second, from the first's archive (their compiled programs included), gives them 20 s
+    second = call("b", RESUME_FROM=str(tmp_path / "a.tar.gz"), AUTHORS_MINUTES="0.33")
+    assert "continued from" in second and "tiny_sraven: all 2 runs are done" in second, second
+    assert {f"{run}/metrics.jsonl" for run in ours} <= archived("b")  # unpacked from a, packed again
+
+    if not HAVE_AUTHORS:
+        return
+    for seed in SEEDS:
+        run = f"{RUNS}/sraven-hyla-seed{seed}"
+        assert {f"{run}/event.log", f"{run}/resume.pkl", f"{run}/stdout.log"} <= names
+        log_a = (tmp_path / "a" / run / "stdout.log").read_text()
+        stopped = int(re.search(r"Signal 15: saved \S+ at batch index (\d+)", log_a).group(1))
+        assert stopped == 1
+        # the second call resumed where the first stopped, and was stopped again further on
+        log_b = (tmp_path / "b" / run / "stdout.log").read_text()
+        assert log_b.startswith(log_a)
+        assert f"Resuming at batch index {stopped} (step {stopped})" in log_b[len(log_a) :]
+        again = int(re.findall(r"Signal 15: saved \S+ at batch index (\d+)", log_b)[-1])
+        assert again > stopped
+        assert f"theirs seed {seed}: batch index {stopped:,} -> {again:,} of 100,000" in second, second
+        # event.log goes on from the step where the first call stopped (a train line every step)
+        events = (tmp_path / "b" / run / "event.log").read_text()
+        steps = [int(s) for s in re.findall(r"step: (\d+) \ttrain_", events)]
+        assert steps == list(range(1, again + 1)), steps
+        assert {f"{run}/event.log", f"{run}/resume.pkl"} <= archived("b")
+    for out in (first, second):
+        assert "failed" not in out, out
+        assert re.search(r"train_steps_per_sec this call: median [0-9.]+", out), out
+        assert "their resume.pkl:" in out
+    assert "SIGTERM to seeds" in second
+    assert any(n.startswith("results/gpu_sraven_verdict/jax_cache/") for n in archived("a"))
+
+
+def test_gpu_paper_refuses_an_unknown_stage_before_training(tmp_path: Path) -> None:
+    env = {**os.environ, "STAGES": "sraven-hyla 2-sraven", "PYTHON": sys.executable, "ARCHIVE": str(tmp_path / "x")}
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_paper.sh")], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "unknown stage 2-sraven in STAGES" in done.stderr, done.stderr
+    assert "== stage" not in done.stdout and not (tmp_path / "x").exists()
