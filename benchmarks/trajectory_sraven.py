@@ -58,7 +58,7 @@ def ours(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     overrides = [f"model.attention={args.variant}", f"seed={args.seed}", "model.attention_dropout=0"]
-    cfg = load_config("sraven", [*overrides, f"model.attention_backend={args.backend}"])
+    cfg = load_config("sraven", [*overrides, f"model.attention_backend={args.backend}", *args.set])
     task = build_task(cfg, None)
     model = build_model(cfg, task)
     dtype = torch.float64 if args.float64 else torch.float32
@@ -235,6 +235,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1500, help="ours: updates to make")
     ap.add_argument("--float64", action="store_true", help="ours: both codes compute in float64")
     ap.add_argument("--backend", default="auto", help="ours: model.attention_backend (a control: direct)")
+    ap.add_argument("--set", action="append", default=[], help="ours: a config override KEY=VALUE (tests: tiny)")
     ap.add_argument(
         "--name", default="ours", help="ours: the trajectory's name; not 'ours': a control on the batches of 'ours'"
     )

@@ -1,0 +1,33 @@
+"""benchmarks/trajectory_sraven.py: our side of the trajectory comparison and its control, at a tiny size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "trajectory_sraven.py"
+TINY = ["model.num_layers=1", "model.emb_dim=16", "model.num_heads=2", "model.qk_dim=8", "model.v_dim=8"]
+
+
+def test_two_backends_of_ours_make_one_trajectory_in_float64(tmp_path: Path) -> None:
+    """The control of the comparison: the C kernel and the direct form, from the same weights on the same
+    batches, stay together to float64 rounding; the batches and initial weights for their code are written."""
+    tiny = [arg for item in [*TINY, "train.batch_size=16"] for arg in ("--set", item)]
+    common = [sys.executable, str(SCRIPT), "ours", "--steps", "12", "--float64", "--out", str(tmp_path), *tiny]
+    subprocess.run(common, check=True, capture_output=True)
+    subprocess.run([*common, "--backend", "direct", "--name", "direct"], check=True, capture_output=True)
+    out = tmp_path / "cmp.json"
+    args = ["compare", "--out", str(tmp_path), "--a", "ours", "--b", "direct", "--json", str(out)]
+    text = subprocess.run([sys.executable, str(SCRIPT), *args], check=True, capture_output=True, text=True).stdout
+    assert "first update whose loss differs by more than 1e-06 (relative): none" in text
+    cmp = json.loads(out.read_text())
+    assert cmp["updates"] == 12 and max(cmp["params_rel_l2_diff"].values()) < 1e-12
+    norms = np.array(cmp["ours"]["param_norm"])
+    assert np.all(np.isfinite(cmp["ours"]["loss"])) and abs(norms[-1] - norms[0]) > 1e-6  # the updates move it
+    with np.load(tmp_path / "ours_batches.npz") as batches:
+        assert batches["x"].shape == (12, 16, 36, 8) and batches["x"].dtype == np.uint8
+        assert str(batches["mixer"]) == "linear_hypatt" and bool(batches["float64"])
