@@ -146,8 +146,12 @@ def theirs(args: argparse.Namespace) -> None:
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=steps - warmup, end_value=peak * 0.1
     )
+    # Inside their jitted update the schedule reads optax's int32 step count, so it computes in float32 even
+    # under jax_enable_x64 (lr 9.99987e-7 instead of 1e-6 at update 2: 1.3e-5 relative). That is their code as
+    # it runs; --float64-schedule casts the count first, so that a float64 comparison tests everything else.
+    learning_rate = (lambda count: schedule(count.astype(jnp.float64))) if args.float64_schedule else schedule
     optimizer = optax.adamw(
-        learning_rate=schedule,
+        learning_rate=learning_rate,
         weight_decay=cfg.weight_decay,
         mask=lambda p: jax.tree_util.tree_map(lambda x: x.ndim != 1, p),
     )
@@ -169,7 +173,7 @@ def theirs(args: argparse.Namespace) -> None:
     losses, grad_norms, param_norms, lrs, snaps = [], [], [], [], {}
     start = time.perf_counter()
     for i, (x, y) in enumerate(zip(data["x"], data["y"])):
-        lrs.append(float(schedule(i)))
+        lrs.append(float(learning_rate(jnp.asarray(i, jnp.int32))))  # as the update computes it
         params, opt_state, loss, grad_norm, param_norm = step(
             params, opt_state, jnp.asarray(x, dtype), jnp.asarray(y, jnp.int32)
         )
@@ -179,9 +183,9 @@ def theirs(args: argparse.Namespace) -> None:
         if i + 1 in keep:
             snaps[i + 1] = flat({k: np.asarray(v) for k, v in flatten_dict(params, sep="/").items()})
         if (i + 1) % 100 == 0:
-            print(f"theirs: {i + 1}/{len(data['x'])} loss {float(loss):.6f} ({time.perf_counter() - start:.0f} s)")
-    save_steps(args.out / "theirs_steps.npz", losses, grad_norms, param_norms, lrs, snaps)
-    print(f"wrote {args.out}/theirs_steps.npz")
+            print(f"{args.name}: {i + 1}/{len(data['x'])} loss {float(loss):.6f} ({time.perf_counter() - start:.0f} s)")
+    save_steps(args.out / f"{args.name}_steps.npz", losses, grad_norms, param_norms, lrs, snaps)
+    print(f"wrote {args.out}/{args.name}_steps.npz")
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -237,13 +241,15 @@ def main() -> int:
     ap.add_argument("--backend", default="auto", help="ours: model.attention_backend (a control: direct)")
     ap.add_argument("--set", action="append", default=[], help="ours: a config override KEY=VALUE (tests: tiny)")
     ap.add_argument(
-        "--name", default="ours", help="ours: the trajectory's name; not 'ours': a control on the batches of 'ours'"
+        "--name", help="the trajectory's name (default: the step's); ours not 'ours': a control on the batches of ours"
     )
+    ap.add_argument("--float64-schedule", action="store_true", help="theirs: their learning rates in float64")
     ap.add_argument("--a", default="ours", help="compare: this trajectory ...")
     ap.add_argument("--b", default="theirs", help="compare: ... against this one")
     ap.add_argument("--part", type=float, default=1e-6, help="compare: relative loss difference that counts as parted")
     ap.add_argument("--json", type=Path, help="compare: also write the comparison here")
     args = ap.parse_args()
+    args.name = args.name or args.step
     {"ours": ours, "theirs": theirs, "compare": compare}[args.step](args)
     return 0
 
