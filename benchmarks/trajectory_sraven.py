@@ -30,6 +30,8 @@ import argparse
 import json
 import sys
 import time
+import types
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +50,29 @@ def flat(params: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(params[k], np.float64).reshape(-1) for k in sorted(params)])
 
 
+def as_full_masks(masks: list[Any], seq_len: int) -> np.ndarray:
+    """Our keep-masks of one update (``1 x 1 x Q x K`` per layer; the last layer's Q is the answer positions)
+    as ``L x T x T`` bools for their model, which computes every query: the last rows of the last layer are
+    ours, the others (queries whose outputs no loss reads) keep everything."""
+    full = np.ones((len(masks), seq_len, seq_len), dtype=bool)
+    for i, m in enumerate(masks):
+        m_QxK = m.reshape(m.shape[-2], m.shape[-1]).numpy()
+        full[i, seq_len - m_QxK.shape[0] :] = m_QxK
+    return full
+
+
 def ours(args: argparse.Namespace) -> None:
     import torch
 
+    from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
     from hyla.train.build import build_model, build_task
     from hyla.train.config import load_config
     from hyla.train.engine import global_norms_R
     from hyla.train.optim import build_optimizer, lr_at
 
     torch.set_num_threads(1)
-    overrides = [f"model.attention={args.variant}", f"seed={args.seed}", "model.attention_dropout=0"]
+    overrides = [f"model.attention={args.variant}", f"seed={args.seed}"]
+    overrides += [] if args.dropout else ["model.attention_dropout=0"]
     cfg = load_config("sraven", [*overrides, f"model.attention_backend={args.backend}", *args.set])
     task = build_task(cfg, None)
     model = build_model(cfg, task)
@@ -67,6 +82,9 @@ def ours(args: argparse.Namespace) -> None:
     state0 = to_their_layout({k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, **layout)
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     gen = torch.Generator().manual_seed(cfg.data_seed * 1009)  # as the engine's data generator of rank 0
+    drop_gen = torch.Generator().manual_seed(args.seed)
+    mask_shapes = model.dropout_mask_shapes(task.seq_len, task.num_output_positions) if args.dropout else []
+    keeps: list[np.ndarray] = []  # per update, every layer's keep-mask as T x T (theirs computes every query)
     keep = set(snapshot_steps(args.steps))
     xs, ys, losses, grad_norms, param_norms, lrs, snaps = [], [], [], [], [], [], {}
     start = time.perf_counter()
@@ -76,7 +94,13 @@ def ours(args: argparse.Namespace) -> None:
             group["lr"] = lr
         batch = task.sample(cfg.train.batch_size, "train", gen)
         optimizer.zero_grad(set_to_none=True)
-        loss = task.loss(model(batch.inputs.to(dtype), last_positions=task.num_output_positions), batch)
+        masks = [
+            draw_keep_mask(q, k, cfg.model.attention_dropout, torch.device("cpu"), drop_gen) for q, k in mask_shapes
+        ]
+        with supplied_keep_masks(masks) if masks else nullcontext():
+            loss = task.loss(model(batch.inputs.to(dtype), last_positions=task.num_output_positions), batch)
+        if masks:
+            keeps.append(as_full_masks(masks, task.seq_len))
         loss.backward()
         grad_norms.append(float(global_norms_R([p.grad.unsqueeze(0) for p in model.parameters()])))
         optimizer.step()
@@ -102,6 +126,7 @@ def ours(args: argparse.Namespace) -> None:
         mixer=np.array(MIXERS[args.variant]),
         float64=np.bool_(args.float64),
         steps=np.int64(cfg.train.steps),
+        **({"keep": np.stack(keeps)} if keeps else {}),
         **{f"param/{k}": v for k, v in state0.items()},
     )
     print(f"wrote {args.out}/ours_*.npz: {args.steps} updates of {args.variant}, seed {args.seed}")
@@ -156,14 +181,25 @@ def theirs(args: argparse.Namespace) -> None:
         mask=lambda p: jax.tree_util.tree_map(lambda x: x.ndim != 1, p),
     )
     num_features = cfg.data.num_features
+    keep_masks = data.get("keep")
+    supplied: list[Any] = []
+    if keep_masks is not None:  # their dropout draws its mask with random.bernoulli: it gets ours, layer by layer
+        from hyla.models import attention as attention_module
 
-    def loss_fn(p: Any, x: Any, y: Any) -> Any:  # their SymbolicRavenLoss; attention dropout off
-        logits = model.apply({"params": p}, x, deterministic=True)[:, -num_features:]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        attention_module.random = types.SimpleNamespace(bernoulli=lambda key, p, shape: supplied.pop(0).reshape(shape))
+
+    def loss_fn(p: Any, x: Any, y: Any, keep_LxTxT: Any) -> Any:  # their SymbolicRavenLoss
+        if keep_masks is None:  # attention dropout off
+            logits = model.apply({"params": p}, x, deterministic=True)
+        else:
+            supplied[:] = list(keep_LxTxT)
+            logits = model.apply({"params": p}, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)})
+            assert not supplied, "their model used fewer dropout masks than supplied"
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, -num_features:], y).mean()
 
     @jax.jit
-    def step(p: Any, opt_state: Any, x: Any, y: Any) -> tuple[Any, Any, Any, Any, Any]:
-        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+    def step(p: Any, opt_state: Any, x: Any, y: Any, keep_LxTxT: Any) -> tuple[Any, Any, Any, Any, Any]:
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y, keep_LxTxT)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
         return p, opt_state, loss, optax.global_norm(grads), optax.global_norm(p)
@@ -174,8 +210,9 @@ def theirs(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     for i, (x, y) in enumerate(zip(data["x"], data["y"])):
         lrs.append(float(learning_rate(jnp.asarray(i, jnp.int32))))  # as the update computes it
+        keep_i = jnp.asarray(keep_masks[i]) if keep_masks is not None else jnp.zeros(())
         params, opt_state, loss, grad_norm, param_norm = step(
-            params, opt_state, jnp.asarray(x, dtype), jnp.asarray(y, jnp.int32)
+            params, opt_state, jnp.asarray(x, dtype), jnp.asarray(y, jnp.int32), keep_i
         )
         losses.append(float(loss))
         grad_norms.append(float(grad_norm))
@@ -238,6 +275,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="ours: initial weights and batches")
     ap.add_argument("--steps", type=int, default=1500, help="ours: updates to make")
     ap.add_argument("--float64", action="store_true", help="ours: both codes compute in float64")
+    ap.add_argument("--dropout", action="store_true", help="ours: attention dropout on, theirs given our masks")
     ap.add_argument("--backend", default="auto", help="ours: model.attention_backend (a control: direct)")
     ap.add_argument("--set", action="append", default=[], help="ours: a config override KEY=VALUE (tests: tiny)")
     ap.add_argument(
