@@ -31,3 +31,17 @@ def test_two_backends_of_ours_make_one_trajectory_in_float64(tmp_path: Path) -> 
     with np.load(tmp_path / "ours_batches.npz") as batches:
         assert batches["x"].shape == (12, 16, 36, 8) and batches["x"].dtype == np.uint8
         assert str(batches["mixer"]) == "linear_hypatt" and bool(batches["float64"])
+
+
+def test_dropout_masks_are_written_for_their_model(tmp_path: Path) -> None:
+    """With --dropout each update's masks go to the file their side reads: every layer as T x T, the last
+    layer's answer rows ours and its other rows (whose outputs no loss reads) all kept."""
+    tiny = [arg for item in [*TINY, "model.num_layers=2", "train.batch_size=4"] for arg in ("--set", item)]
+    cmd = [sys.executable, str(SCRIPT), "ours", "--steps", "3", "--dropout", "--out", str(tmp_path), *tiny]
+    subprocess.run(cmd, check=True, capture_output=True)
+    with np.load(tmp_path / "ours_batches.npz") as batches:
+        keep = batches["keep"]
+    assert keep.shape == (3, 2, 36, 36) and keep.dtype == bool
+    assert keep[:, -1, :32].all() and not keep[:, -1, 32:].all()  # the last layer drops only in its answer rows
+    assert 0.8 < keep[:, 0].mean() < 0.97  # p = 0.1
+    assert not np.array_equal(keep[0], keep[1])  # a new draw each update
