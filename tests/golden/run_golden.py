@@ -155,15 +155,21 @@ def metric_rows(text: str) -> list[dict[str, float]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
+#: logged for comparison with the authors' logs, not a result: the gradient's norm carries the rounding of its
+#: near-zero entries (a vmap stack moved it 4.4e-4 from its lone runs by step 3, where the losses moved < 1e-4),
+#: so comparisons within a tolerance check that it is there, not its digits; exact comparisons include it
+ROUNDING_SENSITIVE = {"grad_norm"}
+
+
 def relative_deviations(ours: str, golden: str) -> list[tuple[int, str, str, float]]:
-    """``(step, split, key, |ours - golden| / |golden|)`` for every number of two ``metrics.jsonl`` texts
-    whose rows name the same steps, splits and keys (AssertionError if they do not)."""
+    """``(step, split, key, |ours - golden| / |golden|)`` for every number (but :data:`ROUNDING_SENSITIVE`) of
+    two ``metrics.jsonl`` texts whose rows name the same steps, splits and keys (AssertionError if they do not)."""
     mine, theirs = metric_rows(ours), metric_rows(golden)
     shape = [[(r["step"], r["split"], sorted(r)) for r in rows] for rows in (mine, theirs)]
     assert shape[0] == shape[1], "the runs logged different steps, splits or keys"
     out = []
     for a, b in zip(mine, theirs):
-        for key in sorted(set(a) - {"step", "split"}):
+        for key in sorted(set(a) - {"step", "split"} - ROUNDING_SENSITIVE):
             out.append((a["step"], a["split"], key, abs(a[key] - b[key]) / max(abs(b[key]), 1e-12)))
     return out
 
@@ -246,13 +252,15 @@ def metrics_files(root: Path) -> dict[str, str]:
     return {str(p.parent.relative_to(root)): p.read_text() for p in sorted(root.rglob("metrics.jsonl"))}
 
 
-def write() -> None:
+def write(configs: bool = True) -> None:
+    """Regenerate the stored configs from the paper configs (unless ``configs`` is false: then the records
+    are retrained from the stored ones, e.g. when the training logs a new key) and the records."""
     import yaml
 
     from hyla.train.config import dump_config, load_config
 
     CONFIGS.mkdir(exist_ok=True)
-    for name, (base, overrides, _) in SPECS.items():
+    for name, (base, overrides, _) in SPECS.items() if configs else ():
         text = "# golden run: every option spelled out (tests/golden/run_golden.py); do not edit by hand\n"
         text += dump_config(load_config(base, [*TINY, *overrides, f"name=golden_{name}"]))
         path = CONFIGS / f"{name}.yaml"
@@ -276,11 +284,12 @@ def main() -> None:
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fingerprint", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--write", action="store_true", help="regenerate tests/golden/configs and records")
+    p.add_argument("--write-records", action="store_true", help="retrain the records from the stored configs")
     p.add_argument("--noise", action="store_true", help="print the spread of the runs over other dispatch paths")
     p.add_argument("--compare", action="store_true", help="OUT's runs against the records: largest deviation per step")
     args = p.parse_args()
-    if args.write:
-        write()
+    if args.write or args.write_records:
+        write(configs=args.write)
     elif args.compare:
         print(compare(args.out))
     elif args.noise:
