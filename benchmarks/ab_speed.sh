@@ -5,14 +5,19 @@
 #
 # Usage: benchmarks/ab_speed.sh [OLD_REF] [OUT]   (defaults: 8252169, the commit before the training
 #        restructure into one shell and two engines; results/restructure_speed)
-# Environment: ROUNDS (default 2). Stop other work on the machine first: the timings are medians of
-# blocks, but two cores shared with anything else measure the other thing.
+# Environment: ROUNDS (default 2); SUITE: all (default: the tables above, on the machine's threads) or
+# one-thread-step (the model step of the SRAVEN and fuzzy-logic paper models, softmax and HYLA, attention
+# dropout 0.1 as the paper configs train, on one thread: what a background paper run does). Stop other
+# work on the machine first: the timings are medians of blocks, but two cores shared with anything else
+# measure the other thing.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OLD_REF="${1:-8252169}"
 OUT="$(realpath -m "${2:-$REPO_ROOT/results/restructure_speed}")"
 ROUNDS="${ROUNDS:-2}"
+SUITE="${SUITE:-all}"
+case "$SUITE" in all | one-thread-step) ;; *) echo "SUITE must be all or one-thread-step, got $SUITE" >&2; exit 2 ;; esac
 PY="$REPO_ROOT/.venv/bin/python"
 
 tmp="$(mktemp -d)"
@@ -31,6 +36,14 @@ for round in $(seq 1 "$ROUNDS"); do
     for side in old new; do
         dir="$OUT/$side"
         mkdir -p "$dir"
+        if [ "$SUITE" = one-thread-step ]; then
+            for task in sraven fuzzy_logic; do
+                OMP_NUM_THREADS=1 bench "$side" step --task "$task" --variants softmax,hyla --dropout 0.1 --steps 30 \
+                    --json "$dir/step_${task%_logic}_r$round.json"
+            done
+            echo "round $round: $side done"
+            continue
+        fi
         # the old side's stacks ran each run in its own thread by default; time its run-by-run stack too
         extra=()
         [ "$side" = old ] && extra=(--also-stack-forward loop)

@@ -19,8 +19,10 @@ round, nothing else (``model.attention_backend`` is a resumable change, see
 
 Two settings decide how a CPU run's sums round, beside the code: PyTorch's kernels, chosen by the CPU's
 vector width unless ``ATEN_CPU_CAPABILITY`` names one (set it in the environment: it is read when torch
-loads), and the C kernel's ``-march`` target, which ``--cpu-march`` sets (``HYLA_CPU_MARCH``; with
-``-fassociative-math`` the target decides the order of its vectorized sums). Records made since
+loads), and the C kernel's ``-march`` target, which ``--cpu-march`` sets (``HYLA_CPU_MARCH``; the kernel
+before #40 was built with ``-fassociative-math``, so the target decided the order of its vectorized sums).
+The kernel itself changed in #40 (its own 8-lane sums; ``kernel_source`` in ``made_by.jsonl`` since): a
+record made before retraces only when this script runs from a worktree of a commit before it. Records made since
 2026-11-26 name both in ``made_by.jsonl`` (``cpu_capability``, ``kernel_march``). The fuzzy-logic records
 before came from an AVX2 machine: on a 2-core AMD EPYC with AVX-512, softmax seed 0 is retraced bit for bit
 with ``ATEN_CPU_CAPABILITY=avx2`` only, and HYLA seed 0's C-kernel steps with ``--cpu-march x86-64-v2``

@@ -33,6 +33,8 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
                 "manual_backward",
                 "--dropout",
                 "0.1",
+                "--profile",
+                "3",
                 "--json",
                 str(step),
             ]
@@ -43,6 +45,11 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
     assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "manual_backward"
     assert d["dropout"] == 0.1
     assert all({"ms_per_step", "peak_mem_mb"} <= set(v) for v in d["variants"].values())
+    # --profile: the 3 ops with the most self time, largest first, each a named op that ran every step
+    for v in d["variants"].values():
+        ops = v["top_ops"]
+        assert len(ops) == 3 and 1 >= ops[0]["share"] >= ops[1]["share"] >= ops[2]["share"] > 0, ops
+        assert all(op["op"] and op["calls_per_step"] >= 1 and op["ms_per_step"] > 0 for op in ops), ops
     data = tmp_path / "data.json"
     assert (
         main(

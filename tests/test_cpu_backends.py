@@ -157,6 +157,40 @@ def test_fused_cpu_attention_dropout_equals_the_direct_form(normalization: str, 
     assert _rel(plain, y_got) > 0.01  # the mask dropped something
 
 
+@pytest.mark.parametrize("num_queries", [36, 4])  # SRAVEN's blocks; its last block computes the 4 answers
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_fused_cpu_reads_and_writes_the_models_strided_layout(num_queries: int, dtype: torch.dtype, tol: float) -> None:
+    """SRAVEN's sizes (16 heads, 36 keys: not a multiple of the kernel's 8 lanes, head dim 4) with q, k, v
+    as the model passes them (``B x T x H x E`` memory viewed as ``B x H x T x E``), a gradient of the output
+    in yet another layout, a mask, a bias and dropout: forward and every gradient against the direct form;
+    the output comes back in the layout the output projection reads without a copy."""
+    b, h, nk, e = 5, 16, 36, 4
+    config = attention_preset("hyla")
+    gen = torch.Generator().manual_seed(4)
+    base = [
+        torch.randn(b, n, h, e, generator=gen, dtype=torch.float64).transpose(1, 2) for n in (num_queries, nk, nk)
+    ] + [torch.randn(h, num_queries, nk, generator=gen, dtype=torch.float64)]
+    mask = torch.rand(b, 1, num_queries, nk, generator=gen) > 0.2
+    p = 0.1
+    keep = torch.rand(1, 1, num_queries, nk, generator=gen) >= p
+    ref_in = [t.detach().clone().requires_grad_() for t in base]
+    got_in = [t.detach().to(dtype).requires_grad_() for t in base]
+    assert not got_in[0].is_contiguous()
+    s = attention_scores(ref_in[0], ref_in[1], ref_in[3])
+    a = normalize_scores(s, config.normalization, mask, config.rms_eps)
+    y_ref, _ = value_network(drop_pairs(a, p, keep), ref_in[2], config.value_network, config.nonlinearity)
+    y_got = fused_cpu_hypernetwork_attention(
+        *got_in[:3], config, mask_Bx1xQxK=mask, bias=got_in[3], dropout_keep_11xQxK=keep, dropout=p
+    )
+    assert y_got.transpose(1, 2).is_contiguous()
+    dy = torch.randn(h, b, e, num_queries, generator=gen, dtype=torch.float64).permute(1, 0, 3, 2)
+    grads_got = torch.autograd.grad(y_got, got_in, dy.to(dtype))
+    grads_ref = torch.autograd.grad(y_ref, ref_in, dy)
+    errors = [_rel(y_got, y_ref)] + [_rel(g, r) for g, r in zip(grads_got, grads_ref)]
+    assert max(errors) < tol, errors
+    assert all(g.stride() == t.stride() for g, t in zip(grads_got[:3], got_in[:3]))
+
+
 def test_fused_cpu_attention_dropout_gradcheck_and_bad_mask() -> None:
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 3, n, 2, generator=gen, dtype=torch.float64, requires_grad=True) for n in (4, 5, 5))
@@ -352,12 +386,13 @@ def test_cpuinfo_field_reads_the_first_line_of_a_key_and_none_for_unknown_keys(
 def test_fused_cpu_custom_op_passes_opcheck() -> None:
     """Schema, fake tensor, autograd registration and AOT dispatch of ``hyla::fused_cpu_attention``."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 4, 5, generator=gen, requires_grad=True)
-    k_T = torch.randn(2, 3, 5, 6, generator=gen, requires_grad=True)
-    v_T = torch.randn(2, 3, 4, 6, generator=gen, requires_grad=True)
+    # q and k as the model passes them (B x T x H x E memory viewed as B x H x T x E), v contiguous
+    q = torch.randn(2, 4, 3, 5, generator=gen).transpose(1, 2).requires_grad_()
+    k = torch.randn(2, 6, 3, 5, generator=gen).transpose(1, 2).requires_grad_()
+    v = torch.randn(2, 3, 6, 4, generator=gen, requires_grad=True)
     bias = torch.randn(3, 4, 6, generator=gen, requires_grad=True)
     keep = (torch.rand(1, 4, 6, generator=gen) > 0.3).to(torch.uint8)
     drop = (torch.rand(4, 6, generator=gen) > 0.1).to(torch.uint8)
-    args = (q, k_T, v_T, bias, keep, drop, 0.9, 1, True, 1e-6)
+    args = (q, k, v, bias, keep, drop, 0.9, 1, True, 1e-6)
     results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
     assert set(results.values()) == {"SUCCESS"}, results

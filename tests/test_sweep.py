@@ -680,12 +680,17 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
 ) -> None:
     """Resuming on a CPU whose kernels round otherwise is allowed, but the sweep says which variable to set
     to continue alike (a bit-exact retrain of the record then needs the same)."""
+    from hyla.attention.kernels.c.wrapper import source_digest
     from hyla.sweep.groups import rounding_change
     from hyla.train.loop import Trainer
 
     path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
     run = tmp_path / "r" / "tiny" / "hyla-seed0"
-    here = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_march": "native"}
+    here = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_march": "native",
+        "kernel_source": source_digest(),
+    }
     assert rounding_change(run, here) is None  # nothing recorded yet
     trainer = Trainer(load_sweep(str(path)).configs["hyla-seed0"], run, quiet=True)
     trainer.stop_at_step = 4
@@ -705,3 +710,7 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
         assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
     assert run_state(run) == "done"
     assert "ATEN_CPU_CAPABILITY" not in (rounding_change(run, {**here, "kernel_march": "x86-64-v3"}) or "")
+    # a piece on another version of the C kernel (which may sum in another order) names the commit to use
+    newer = rounding_change(run, {**here, "kernel_march": "x86-64-v2", "kernel_source": "0123456789ab"})
+    last_commit = json.loads((run / "made_by.jsonl").read_text().splitlines()[-1])["commit"]
+    assert newer is not None and newer.endswith(f"train from a worktree of commit {last_commit}")

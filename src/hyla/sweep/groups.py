@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hyla.attention.kernels.c.wrapper import MARCH_ENV, target_march
+from hyla.attention.kernels.c.wrapper import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import CONFIG_DIR, ExperimentConfig
@@ -78,11 +78,17 @@ def provenance(device: str) -> dict[str, Any]:
     if device == "cpu":  # what decides how a CPU run's sums round, so a retrain can pin both
         made["cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # PyTorch's kernels (ATEN_CPU_CAPABILITY)
         made["kernel_march"] = target_march()  # the C kernel's -march
+        made["kernel_source"] = source_digest()  # and its version: a new kernel may sum in another order
     return made
 
 
-#: what a CPU piece records of how its sums round, and the environment variable that pins each
-ROUNDING_SETTINGS = {"cpu_capability": "ATEN_CPU_CAPABILITY", "kernel_march": MARCH_ENV}
+#: what a CPU piece records of how its sums round, and the environment variable that pins each (None: only
+#: the code of the earlier piece, e.g. a worktree of its commit, continues alike)
+ROUNDING_SETTINGS: dict[str, str | None] = {
+    "cpu_capability": "ATEN_CPU_CAPABILITY",
+    "kernel_march": MARCH_ENV,
+    "kernel_source": None,
+}
 
 
 def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
@@ -94,9 +100,12 @@ def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
     if not changed:
         return None
     was = ", ".join(f"{k}={last[k]}" for k in changed)
-    pin = " ".join(f"{ROUNDING_SETTINGS[k]}={str(last[k]).lower()}" for k in changed)
     now = ", ".join(f"{k}={made[k]}" for k in changed)
-    return f"{run_dir.name}: its last piece ran with {was}, this one with {now}; to continue alike, set {pin}"
+    pins = [f"set {ROUNDING_SETTINGS[k]}={str(last[k]).lower()}" for k in changed if ROUNDING_SETTINGS[k]]
+    if any(ROUNDING_SETTINGS[k] is None for k in changed):
+        pins.append(f"train from a worktree of commit {last.get('commit', '?')}")
+    pin = " and ".join(pins)
+    return f"{run_dir.name}: its last piece ran with {was}, this one with {now}; to continue alike, {pin}"
 
 
 def train_group(

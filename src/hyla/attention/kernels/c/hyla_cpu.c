@@ -2,15 +2,22 @@
  * scratch, never writing a B x H x Q x K tensor. Built and loaded by hyla/attention/kernels/c/wrapper.py
  * (plain C with OpenMP, called through ctypes); compiled once per REAL type (float, double).
  *
- * Layouts (all contiguous): q B x H x Q x E; kT B x H x E x K and vT B x H x D x K (keys innermost,
- * so the loops over keys vectorize); bias H x Q x K or NULL; keep (1 or B) x Q x K bytes or NULL
- * (nonzero = may attend); drop Q x K bytes or NULL: attention dropout on the normalized code, one mask for
- * every batch element and head (nonzero = kept, kept pairs divided by keep_prob). y B x H x Q x D. The backward writes dq B x H x Q x E, dkT B x H x E x K,
- * dvT B x H x D x K and dbias_parts T x H x Q x K (one partial sum per thread, summed by the caller).
+ * Inputs and outputs in any strides (element strides of the b, h, t, feature axes, so the transposed views
+ * the model makes are read and written as they are): q B x H x Q x E, k B x H x K x E, v B x H x K x D,
+ * y and dy B x H x Q x D, dq, dk, dv like q, k, v. bias H x Q x K (contiguous) or NULL; keep (1 or B) x Q x K
+ * bytes or NULL (nonzero = may attend); drop Q x K bytes or NULL: attention dropout on the normalized code,
+ * one mask for every batch element and head (nonzero = kept, kept pairs divided by keep_prob). dbias
+ * H x Q x K (contiguous) or NULL.
+ *
+ * Inside, each batch element's keys and values are packed as H x E x KP and H x D x KP with the keys padded
+ * to KP, a multiple of VW, and every loop over keys works on whole vectors of VW lanes (GCC vector
+ * extensions: the order of every sum is fixed by this source, whatever -march the compiler targets).
+ * Padded keys carry zeros and are masked, so they change no sum.
  *
  * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity.
  */
-#include <math.h>
+#define _POSIX_C_SOURCE 200112L
+#include <tgmath.h> /* sqrt, exp, erf, tanh of the argument's type */
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -25,7 +32,12 @@
 #define CAT(a, b) CAT2(a, b)
 #define NAME(f) CAT(f, SUFFIX)
 
-static inline REAL NAME(phi_fwd)(int phi, REAL u) {
+#define VW 8 /* lanes per vector: 36 keys (SRAVEN) pad to 40, 32 (fuzzy logic) to 32 */
+#define ALIGN 64
+typedef REAL vec __attribute__((vector_size(VW * sizeof(REAL))));
+typedef long long i64;
+
+static inline REAL phi_fwd(int phi, REAL u) {
     switch (phi) {
     case 0: return u > 0 ? u : (REAL)0;
     case 1: return u / ((REAL)1 + exp(-u));
@@ -36,7 +48,7 @@ static inline REAL NAME(phi_fwd)(int phi, REAL u) {
     }
 }
 
-static inline REAL NAME(phi_grad)(int phi, REAL u, REAL g) { /* dphi/du given g = phi(u) */
+static inline REAL phi_grad(int phi, REAL u, REAL g) { /* dphi/du given g = phi(u) */
     switch (phi) {
     case 0: return u > 0 ? (REAL)1 : (REAL)0;
     case 1: { REAL sg = (REAL)1 / ((REAL)1 + exp(-u)); return sg * ((REAL)1 + u * ((REAL)1 - sg)); }
@@ -48,240 +60,439 @@ static inline REAL NAME(phi_grad)(int phi, REAL u, REAL g) { /* dphi/du given g 
     }
 }
 
-/* acc[k] += sum_j c_j x_j[k] over n rows (x_j = x + j * xs, c_j = c[j * cs]), four rows per pass so
- * that acc is loaded and stored once per four multiply-adds */
-static inline void NAME(axpy_rows)(REAL *restrict acc, const REAL *restrict x, size_t xs, const REAL *restrict c,
-                                   size_t cs, int n, int K) {
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const REAL *x0 = x + j * xs, *x1 = x0 + xs, *x2 = x1 + xs, *x3 = x2 + xs;
-        REAL c0 = c[j * cs], c1 = c[(j + 1) * cs], c2 = c[(j + 2) * cs], c3 = c[(j + 3) * cs];
-        for (int k = 0; k < K; k++) acc[k] += c0 * x0[k] + c1 * x1[k] + c2 * x2[k] + c3 * x3[k];
-    }
-    for (; j < n; j++) {
-        const REAL *xj = x + j * xs;
-        REAL cj = c[j * cs];
-        for (int k = 0; k < K; k++) acc[k] += cj * xj[k];
-    }
+/* the lanes' sum in a fixed order */
+static inline REAL hsum(vec x) {
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-/* acc[k] += sum_j x_j[k] y_j[k] over n rows (x_j = x + j * xs, y_j = y + j * ys), four rows per pass */
-static inline void NAME(acc_rows)(REAL *restrict acc, const REAL *restrict x, size_t xs, const REAL *restrict y,
-                                  size_t ys, int n, int K) {
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const REAL *x0 = x + j * xs, *x1 = x0 + xs, *x2 = x1 + xs, *x3 = x2 + xs;
-        const REAL *y0 = y + j * ys, *y1 = y0 + ys, *y2 = y1 + ys, *y3 = y2 + ys;
-        for (int k = 0; k < K; k++) acc[k] += x0[k] * y0[k] + x1[k] * y1[k] + x2[k] * y2[k] + x3[k] * y3[k];
-    }
-    for (; j < n; j++) {
-        const REAL *xj = x + j * xs, *yj = y + j * ys;
-        for (int k = 0; k < K; k++) acc[k] += xj[k] * yj[k];
-    }
+typedef struct {
+    int B, H, Q, K, E, D, KP, NV, rms, phi, keep_batched;
+    REAL scale, eps, keep_prob;
+    const REAL *q, *k, *v;
+    i64 qs[4], ks[4], vs[4];
+    const vec *bias; /* packed H x Q x KP, or NULL */
+    const unsigned char *keep, *drop;
+} args_t;
+
+/* one query row's scratch (vectors): normalized code an, code after dropout a, their gradients da, ds
+ * (H x NV each), the key-wise factors keepv, dropv, r (NV each), u, g, du (D x NV each) */
+typedef struct {
+    vec *an, *a, *da, *ds, *keepv, *dropv, *r, *u, *g, *du;
+    REAL *qs; /* scaled q of the row, H x E */
+} row_t;
+
+static size_t row_vectors(const args_t *A) { return (size_t)A->NV * (4 * A->H + 3 + 3 * A->D); }
+
+static void row_bind(const args_t *A, vec *buf, REAL *qs, row_t *s) {
+    size_t hv = (size_t)A->H * A->NV, dv = (size_t)A->D * A->NV;
+    s->an = buf; s->a = s->an + hv; s->da = s->a + hv; s->ds = s->da + hv;
+    s->keepv = s->ds + hv; s->dropv = s->keepv + A->NV; s->r = s->dropv + A->NV;
+    s->u = s->r + A->NV; s->g = s->u + dv; s->du = s->g + dv;
+    s->qs = qs;
 }
 
-/* scores of row (b, q): a[h*K + k] (normalized code) and r[k]; raw masked scores are a / r */
-static void NAME(row_code)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict bias, const unsigned char *restrict keep,
-                           int H, int Q, int K, int E, int b, int qi, REAL scale, int rms, REAL eps,
-                           REAL *restrict a, REAL *restrict r) {
+static void *alloc_aligned(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, ALIGN, bytes ? bytes : ALIGN) == 0 ? p : NULL;
+}
+
+/* the backward's dy and what it writes (dq, dk, dv), each with its strides */
+typedef struct {
+    const REAL *dy;
+    REAL *dq, *dk, *dv;
+    i64 dys[4], dqs[4], dks[4], dvs[4];
+} grads_t;
+
+/* The per-row code below takes the sizes H, NV, E, D as arguments and is always inlined: the kernel's entry
+ * points call it through copies specialized to the paper's models (SRAVEN: 16 heads, 36 keys, head dim 4;
+ * fuzzy logic: 8 heads, 32 keys, head dim 2), where those sizes are constants and the compiler unrolls the
+ * short loops and keeps the accumulators in registers, and through one copy for any other size. Sums over
+ * a short axis keep up to CHUNK accumulators at a time. */
+#define INLINE static inline __attribute__((always_inline))
+#define CHUNK 8
+
+/* batch element b's keys and values as H x E x KP and H x D x KP vectors, pads zero (read key by key: in
+ * the model's layout a key's heads and features are contiguous) */
+INLINE void pack_kv(const args_t *A, int b, vec *kp, vec *vp, const int H, const int NV, const int E, const int D) {
+    const int K = A->K, KP = NV * VW;
+    REAL *kr = (REAL *)kp, *vr = (REAL *)vp;
     for (int h = 0; h < H; h++) {
-        REAL *restrict ah = a + (size_t)h * K;
-        if (bias) memcpy(ah, bias + ((size_t)h * Q + qi) * K, sizeof(REAL) * K);
-        else memset(ah, 0, sizeof(REAL) * K);
-        const REAL *restrict qh = q + (((size_t)b * H + h) * Q + qi) * E;
-        const REAL *restrict kh = kT + ((size_t)b * H + h) * E * K;
-        REAL *restrict raw = r; /* r is filled below: hold this head's raw scores there */
-        memset(raw, 0, sizeof(REAL) * K);
-        NAME(axpy_rows)(raw, kh, K, qh, 1, E, K);
-        for (int k = 0; k < K; k++) ah[k] += scale * raw[k];
-        if (keep)
-            for (int k = 0; k < K; k++) ah[k] = keep[k] ? ah[k] : (REAL)0;
+        for (int e = 0; e < E; e++) kp[((size_t)h * E + e + 1) * NV - 1] = (vec){0};
+        for (int d = 0; d < D; d++) vp[((size_t)h * D + d + 1) * NV - 1] = (vec){0};
     }
-    for (int k = 0; k < K; k++) r[k] = (REAL)1;
-    if (rms) {
-        for (int k = 0; k < K; k++) r[k] = 0;
-        for (int h = 0; h < H; h++)
-            for (int k = 0; k < K; k++) r[k] += a[(size_t)h * K + k] * a[(size_t)h * K + k];
-        for (int k = 0; k < K; k++) r[k] = (REAL)1 / sqrt(r[k] / (REAL)H + eps);
-        for (int h = 0; h < H; h++)
-            for (int k = 0; k < K; k++) a[(size_t)h * K + k] *= r[k];
+    for (int j = 0; j < K; j++) {
+        const REAL *kj = A->k + b * A->ks[0] + j * A->ks[2];
+        const REAL *vj = A->v + b * A->vs[0] + j * A->vs[2];
+        for (int h = 0; h < H; h++) {
+            for (int e = 0; e < E; e++) kr[((size_t)h * E + e) * KP + j] = kj[h * A->ks[1] + e * A->ks[3]];
+            for (int d = 0; d < D; d++) vr[((size_t)h * D + d) * KP + j] = vj[h * A->vs[1] + d * A->vs[3]];
+        }
     }
 }
 
-/* attention dropout on row qi's normalized code: a[h,k] = drop[k] ? a[h,k] / keep_prob : 0 (all heads) */
-static void NAME(row_drop)(REAL *restrict a, const unsigned char *restrict drop, REAL keep_prob, int H, int K) {
+/* the batch element's dk and dv, summed in dkp, dvp, written out in their strides */
+INLINE void unpack_grads(const args_t *A, const grads_t *G, int b, const vec *dkp, const vec *dvp, const int H,
+                         const int NV, const int E, const int D) {
+    const int KP = NV * VW;
+    const REAL *dkr = (const REAL *)dkp, *dvr = (const REAL *)dvp;
+    for (int j = 0; j < A->K; j++) {
+        REAL *dkj = G->dk + b * G->dks[0] + j * G->dks[2];
+        REAL *dvj = G->dv + b * G->dvs[0] + j * G->dvs[2];
+        for (int h = 0; h < H; h++) {
+            for (int e = 0; e < E; e++) dkj[h * G->dks[1] + e * G->dks[3]] = dkr[((size_t)h * E + e) * KP + j];
+            for (int d = 0; d < D; d++) dvj[h * G->dvs[1] + d * G->dvs[3]] = dvr[((size_t)h * D + d) * KP + j];
+        }
+    }
+}
+
+/* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g */
+INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, const int H,
+                        const int NV, const int E, const int D) {
+    const int K = A->K, KP = NV * VW;
+    REAL *keepr = (REAL *)s->keepv, *dropr = (REAL *)s->dropv;
+    const unsigned char *kq = A->keep ? A->keep + ((size_t)(A->keep_batched ? b : 0) * A->Q + qi) * K : NULL;
+    const unsigned char *dq = A->drop ? A->drop + (size_t)qi * K : NULL;
+    const REAL inv_keep = (REAL)1 / A->keep_prob;
+    for (int j = 0; j < KP; j++) {
+        keepr[j] = j < K && (!kq || kq[j]) ? (REAL)1 : (REAL)0;
+        dropr[j] = j < K && dq ? (dq[j] ? inv_keep : (REAL)0) : (REAL)1;
+    }
+    const REAL *qrow = A->q + b * A->qs[0] + qi * A->qs[2];
     for (int h = 0; h < H; h++)
-        for (int k = 0; k < K; k++) a[(size_t)h * K + k] = drop[k] ? a[(size_t)h * K + k] / keep_prob : (REAL)0;
+        for (int e = 0; e < E; e++) s->qs[h * E + e] = qrow[h * A->qs[1] + e * A->qs[3]] * A->scale;
+    /* scores s = scale q.k + bias, masked */
+    for (int h = 0; h < H; h++) {
+        const REAL *qh = s->qs + (size_t)h * E;
+        const vec *bh = A->bias ? A->bias + ((size_t)h * A->Q + qi) * NV : NULL;
+        for (int c = 0; c < NV; c++) {
+            vec acc = bh ? bh[c] : (vec){0};
+            for (int e = 0; e < E; e++) acc += qh[e] * kp[((size_t)h * E + e) * NV + c];
+            s->an[(size_t)h * NV + c] = acc * s->keepv[c];
+        }
+    }
+    /* RMSHead over the heads of each key */
+    if (A->rms) {
+        for (int c0 = 0; c0 < NV; c0 += CHUNK) {
+            const int n = NV - c0 < CHUNK ? NV - c0 : CHUNK;
+            vec ss[CHUNK];
+            for (int c = 0; c < n; c++) ss[c] = (vec){0};
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < n; c++) ss[c] += s->an[(size_t)h * NV + c0 + c] * s->an[(size_t)h * NV + c0 + c];
+            for (int c = 0; c < n; c++) s->r[c0 + c] = ss[c];
+        }
+        REAL *rr = (REAL *)s->r;
+        for (int j = 0; j < KP; j++) rr[j] = (REAL)1 / sqrt(rr[j] / (REAL)H + A->eps);
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < NV; c++) s->an[(size_t)h * NV + c] *= s->r[c];
+    }
+    if (A->drop) {
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < NV; c++) s->a[(size_t)h * NV + c] = s->an[(size_t)h * NV + c] * s->dropv[c];
+    } else {
+        memcpy(s->a, s->an, sizeof(vec) * H * NV);
+    }
+    /* the generated value network: u[d, k] = sum_h a[h, k] v[h, k, d], g = phi(u) */
+    for (int c = 0; c < NV; c++)
+        for (int d0 = 0; d0 < D; d0 += CHUNK) {
+            const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
+            vec acc[CHUNK];
+            for (int d = 0; d < n; d++) acc[d] = (vec){0};
+            for (int h = 0; h < H; h++) {
+                const vec ahc = s->a[(size_t)h * NV + c];
+                for (int d = 0; d < n; d++) acc[d] += ahc * vp[((size_t)h * D + d0 + d) * NV + c];
+            }
+            for (int d = 0; d < n; d++) s->u[(size_t)(d0 + d) * NV + c] = acc[d];
+        }
+    const REAL *ur = (const REAL *)s->u;
+    REAL *gr = (REAL *)s->g;
+    if (A->phi == 0)
+        for (int i = 0; i < D * KP; i++) gr[i] = ur[i] > 0 ? ur[i] : (REAL)0;
+    else
+        for (int i = 0; i < D * KP; i++) gr[i] = phi_fwd(A->phi, ur[i]);
 }
 
-/* u^T[d*K + k] = sum_h a[h,k] v[h,k,d]; g^T = phi(u^T) */
-static void NAME(row_value)(const REAL *restrict vT, const REAL *restrict a, int H, int K, int D, int b, int phi,
-                            REAL *restrict uT, REAL *restrict gT) {
-    memset(uT, 0, sizeof(REAL) * D * K);
-    const REAL *restrict vb = vT + (size_t)b * H * D * K;
-    for (int d = 0; d < D; d++) NAME(acc_rows)(uT + (size_t)d * K, a, K, vb + (size_t)d * K, (size_t)D * K, H, K);
-    for (int i = 0; i < D * K; i++) gT[i] = NAME(phi_fwd)(phi, uT[i]);
+/* forward of rows q0..q1-1 of batch element b: y[h, d] = sum_k a[h, k] g[d, k]; packs b's k, v first unless
+ * already packed */
+INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s, REAL *y,
+                         const i64 *ys, const int H, const int NV, const int E, const int D) {
+    if (pack) pack_kv(A, b, kp, vp, H, NV, E, D);
+    for (int qi = q0; qi < q1; qi++) {
+        row_forward(A, kp, vp, b, qi, s, H, NV, E, D);
+        REAL *yrow = y + b * ys[0] + qi * ys[2];
+        for (int h = 0; h < H; h++)
+            for (int d0 = 0; d0 < D; d0 += CHUNK) {
+                const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
+                vec acc[CHUNK];
+                for (int d = 0; d < n; d++) acc[d] = (vec){0};
+                for (int c = 0; c < NV; c++) {
+                    const vec ahc = s->a[(size_t)h * NV + c];
+                    for (int d = 0; d < n; d++) acc[d] += ahc * s->g[(size_t)(d0 + d) * NV + c];
+                }
+                for (int d = 0; d < n; d++) yrow[h * ys[1] + (d0 + d) * ys[3]] = hsum(acc[d]);
+            }
+    }
 }
 
-static size_t NAME(scratch_len)(int H, int K, int D) { return (size_t)3 * H * K + 4 * (size_t)D * K + K; }
 
-int NAME(hyla_forward)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict vT, const REAL *restrict bias,
-                       const unsigned char *restrict keep, int keep_batched, const unsigned char *restrict drop,
+/* backward of batch element b's rows: packs its k, v, sums its dk, dv in dkp, dvp and writes them out */
+INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, vec *dkp, vec *dvp, vec *dbp, int b,
+                          row_t *s, const int H, const int NV, const int E, const int D) {
+    const int KP = NV * VW, Q = A->Q, phi = A->phi;
+    pack_kv(A, b, kp, vp, H, NV, E, D);
+    memset(dkp, 0, sizeof(vec) * H * E * NV);
+    memset(dvp, 0, sizeof(vec) * H * D * NV);
+    for (int qi = 0; qi < Q; qi++) {
+        row_forward(A, kp, vp, b, qi, s, H, NV, E, D);
+        const REAL *dyrow = G->dy + b * G->dys[0] + qi * G->dys[2];
+        REAL dyr[H * D]; /* dy[h, d] of this row */
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < D; d++) dyr[h * D + d] = dyrow[h * G->dys[1] + d * G->dys[3]];
+        /* through y = a g:  dg[d, k] = sum_h a[h, k] dy[h, d];  da[h, k] = sum_d dy[h, d] g[d, k] */
+        for (int c = 0; c < NV; c++)
+            for (int d0 = 0; d0 < D; d0 += CHUNK) {
+                const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
+                vec acc[CHUNK];
+                for (int d = 0; d < n; d++) acc[d] = (vec){0};
+                for (int h = 0; h < H; h++) {
+                    const vec ahc = s->a[(size_t)h * NV + c];
+                    for (int d = 0; d < n; d++) acc[d] += ahc * dyr[h * D + d0 + d];
+                }
+                for (int d = 0; d < n; d++) s->du[(size_t)(d0 + d) * NV + c] = acc[d];
+            }
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < NV; c++) {
+                vec dac = {0};
+                for (int d = 0; d < D; d++) dac += dyr[h * D + d] * s->g[(size_t)d * NV + c];
+                s->da[(size_t)h * NV + c] = dac;
+            }
+        /* through g = phi(u) */
+        REAL *dur = (REAL *)s->du;
+        const REAL *ur = (const REAL *)s->u, *gr = (const REAL *)s->g;
+        if (phi == 0)
+            for (int i = 0; i < D * KP; i++) dur[i] = ur[i] > 0 ? dur[i] : (REAL)0;
+        else
+            for (int i = 0; i < D * KP; i++) dur[i] *= phi_grad(phi, ur[i], gr[i]);
+        /* through u = a v:  da[h, k] += sum_d du[d, k] v[h, k, d];  dv[h, d, k] += a[h, k] du[d, k]; then
+         * through the dropout */
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < NV; c++) {
+                const vec ahc = s->a[(size_t)h * NV + c];
+                vec dac = s->da[(size_t)h * NV + c];
+                for (int d = 0; d < D; d++) {
+                    const size_t i = ((size_t)h * D + d) * NV + c;
+                    const vec duc = s->du[(size_t)d * NV + c];
+                    dac += duc * vp[i];
+                    dvp[i] += ahc * duc;
+                }
+                s->da[(size_t)h * NV + c] = A->drop ? dac * s->dropv[c] : dac;
+            }
+        /* RMSHead: ds = r (da - an m), m = sum_h an da / H; masked pairs get no gradient */
+        if (A->rms) {
+            for (int c0 = 0; c0 < NV; c0 += CHUNK) {
+                const int n = NV - c0 < CHUNK ? NV - c0 : CHUNK;
+                vec m[CHUNK];
+                for (int c = 0; c < n; c++) m[c] = (vec){0};
+                for (int h = 0; h < H; h++)
+                    for (int c = 0; c < n; c++) m[c] += s->an[(size_t)h * NV + c0 + c] * s->da[(size_t)h * NV + c0 + c];
+                for (int c = 0; c < n; c++) {
+                    m[c] /= (REAL)H;
+                    const vec rk = s->r[c0 + c] * s->keepv[c0 + c];
+                    for (int h = 0; h < H; h++) {
+                        const size_t i = (size_t)h * NV + c0 + c;
+                        s->ds[i] = rk * (s->da[i] - s->an[i] * m[c]);
+                    }
+                }
+            }
+        } else {
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < NV; c++) s->ds[(size_t)h * NV + c] = s->da[(size_t)h * NV + c] * s->keepv[c];
+        }
+        /* scores s = scale q.k + bias:  dq[h, e] = scale sum_k ds[h, k] k[h, e, k];  dk[h, e, k] += ds q scale */
+        REAL *dqrow = G->dq + b * G->dqs[0] + qi * G->dqs[2];
+        for (int h = 0; h < H; h++) {
+            const vec *dsh = s->ds + (size_t)h * NV;
+            if (dbp) {
+                vec *dbh = dbp + ((size_t)h * Q + qi) * NV;
+                for (int c = 0; c < NV; c++) dbh[c] += dsh[c];
+            }
+            for (int e0 = 0; e0 < E; e0 += CHUNK) {
+                const int n = E - e0 < CHUNK ? E - e0 : CHUNK;
+                vec acc[CHUNK];
+                for (int e = 0; e < n; e++) acc[e] = (vec){0};
+                for (int c = 0; c < NV; c++) {
+                    const vec dsc = dsh[c];
+                    for (int e = 0; e < n; e++) {
+                        const size_t i = ((size_t)h * E + e0 + e) * NV + c;
+                        acc[e] += dsc * kp[i];
+                        dkp[i] += dsc * s->qs[h * E + e0 + e];
+                    }
+                }
+                for (int e = 0; e < n; e++) dqrow[h * G->dqs[1] + (e0 + e) * G->dqs[3]] = hsum(acc[e]) * A->scale;
+            }
+        }
+    }
+    unpack_grads(A, G, b, dkp, dvp, H, NV, E, D);
+}
+
+/* the specialized copies (see above) and the general one */
+typedef void (*forward_fn)(const args_t *, vec *, vec *, int, int, int, int, row_t *, REAL *, const i64 *);
+typedef void (*backward_fn)(const args_t *, const grads_t *, vec *, vec *, vec *, vec *, vec *, int, row_t *);
+#define SPECIALIZE(tag, h, nv, e, d)                                                                               \
+    static void forward_##tag(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s,      \
+                              REAL *y, const i64 *ys) {                                                           \
+        forward_rows(A, kp, vp, pack, b, q0, q1, s, y, ys, h, nv, e, d);                                          \
+    }                                                                                                             \
+    static void backward_##tag(const args_t *A, const grads_t *G, vec *kp, vec *vp, vec *dkp, vec *dvp, vec *dbp,  \
+                               int b, row_t *s) {                                                                 \
+        backward_rows(A, G, kp, vp, dkp, dvp, dbp, b, s, h, nv, e, d);                                            \
+    }
+SPECIALIZE(sraven, 16, 5, 4, 4)
+SPECIALIZE(fuzzy, 8, 4, 2, 2)
+SPECIALIZE(any, A->H, A->NV, A->E, A->D)
+
+static forward_fn pick_forward(const args_t *A) {
+    if (A->H == 16 && A->NV == 5 && A->E == 4 && A->D == 4) return forward_sraven;
+    if (A->H == 8 && A->NV == 4 && A->E == 2 && A->D == 2) return forward_fuzzy;
+    return forward_any;
+}
+
+static backward_fn pick_backward(const args_t *A) {
+    if (A->H == 16 && A->NV == 5 && A->E == 4 && A->D == 4) return backward_sraven;
+    if (A->H == 8 && A->NV == 4 && A->E == 2 && A->D == 2) return backward_fuzzy;
+    return backward_any;
+}
+
+static void args_init(args_t *A, const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v,
+                      const i64 *vs, const unsigned char *keep, int keep_batched, const unsigned char *drop,
+                      REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
+                      int phi) {
+    A->B = B; A->H = H; A->Q = Q; A->K = K; A->E = E; A->D = D;
+    A->KP = (K + VW - 1) / VW * VW; A->NV = A->KP / VW;
+    A->rms = rms; A->phi = phi; A->keep_batched = keep_batched;
+    A->scale = scale; A->eps = eps; A->keep_prob = keep_prob;
+    A->q = q; A->k = k; A->v = v;
+    for (int i = 0; i < 4; i++) { A->qs[i] = qs[i]; A->ks[i] = ks[i]; A->vs[i] = vs[i]; }
+    A->bias = NULL; A->keep = keep; A->drop = drop;
+}
+
+/* bias H x Q x K as H x Q x KP vectors (pads zero); NULL if it cannot be allocated */
+static vec *pack_bias(const args_t *A, const REAL *bias) {
+    vec *out = (vec *)alloc_aligned(sizeof(vec) * A->H * A->Q * A->NV);
+    if (!out) return NULL;
+    REAL *o = (REAL *)out;
+    memset(o, 0, sizeof(vec) * A->H * A->Q * A->NV);
+    for (size_t hq = 0; hq < (size_t)A->H * A->Q; hq++)
+        memcpy(o + hq * A->KP, bias + hq * A->K, sizeof(REAL) * A->K);
+    return out;
+}
+
+/* rows per work unit of the forward when there are few batch elements for the threads */
+#define QBLOCK 8
+
+int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
+                       const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
-                       int phi, int threads, REAL *restrict y) {
+                       int phi, int threads, REAL *y, const i64 *ys) {
+    args_t A;
+    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, rms, eps, phi);
+    vec *bias_packed = NULL;
+    if (bias) {
+        bias_packed = pack_bias(&A, bias);
+        if (!bias_packed) return 1;
+        A.bias = bias_packed;
+    }
+    const forward_fn forward = pick_forward(&A);
+    /* a unit is a batch element's rows, or a block of them when the batch is small for the threads */
+    const int qblock = B >= 4 * threads ? Q : QBLOCK;
+    const int blocks = (Q + qblock - 1) / qblock;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        REAL *buf = (REAL *)malloc(sizeof(REAL) * NAME(scratch_len)(H, K, D));
+        const size_t kv_vectors = (size_t)H * (E + D) * A.NV;
+        vec *buf = (vec *)alloc_aligned(sizeof(vec) * (kv_vectors + row_vectors(&A)) + sizeof(REAL) * H * E);
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
+        int packed_b = -1;
 #pragma omp for schedule(static)
-        for (long row = 0; row < (long)B * Q; row++) {
+        for (long unit = 0; unit < (long)B * blocks; unit++) {
             if (!buf) continue;
-            int b = (int)(row / Q), qi = (int)(row % Q);
-            REAL *restrict a = buf, *r = a + (size_t)H * K, *uT = r + K, *gT = uT + (size_t)D * K;
-            const unsigned char *restrict kp = keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
-            NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
-            if (drop) NAME(row_drop)(a, drop + (size_t)qi * K, keep_prob, H, K);
-            NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
-            for (int h = 0; h < H; h++) {
-                const REAL *restrict ah = a + (size_t)h * K;
-                REAL *restrict yh = y + (((size_t)b * H + h) * Q + qi) * D;
-                for (int d = 0; d < D; d++) {
-                    const REAL *restrict gd = gT + (size_t)d * K;
-                    REAL acc = 0;
-                    for (int k = 0; k < K; k++) acc += ah[k] * gd[k];
-                    yh[d] = acc;
-                }
-            }
+            const int b = (int)(unit / blocks), q0 = (int)(unit % blocks) * qblock;
+            const int q1 = q0 + qblock < Q ? q0 + qblock : Q;
+            vec *kp = buf, *vp = kp + (size_t)H * E * A.NV;
+            row_t s;
+            row_bind(&A, buf + kv_vectors, (REAL *)(buf + kv_vectors + row_vectors(&A)), &s);
+            forward(&A, kp, vp, b != packed_b, b, q0, q1, &s, y, ys);
+            packed_b = b;
         }
         free(buf);
     }
+    free(bias_packed);
     return failed;
 }
 
-/* rows of a query block: dv and dk take their sums over the block's queries in one pass each */
-#define QBLOCK 8
-
-int NAME(hyla_backward)(const REAL *restrict q, const REAL *restrict kT, const REAL *restrict vT, const REAL *restrict bias,
-                        const unsigned char *restrict keep, int keep_batched, const unsigned char *restrict drop,
+int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
+                        const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                         REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
-                        int phi, int threads, const REAL *restrict dy,
-                        REAL *restrict dq, REAL *restrict dkT, REAL *restrict dvT, REAL *restrict dbias_parts) {
+                        int phi, int threads, const REAL *dy, const i64 *dys, REAL *dq, const i64 *dqs, REAL *dk,
+                        const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias) {
+    args_t A;
+    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, rms, eps, phi);
+    grads_t G;
+    G.dy = dy; G.dq = dq; G.dk = dk; G.dv = dv;
+    for (int i = 0; i < 4; i++) { G.dys[i] = dys[i]; G.dqs[i] = dqs[i]; G.dks[i] = dks[i]; G.dvs[i] = dvs[i]; }
+    vec *bias_packed = NULL;
+    if (bias) {
+        bias_packed = pack_bias(&A, bias);
+        if (!bias_packed) return 1;
+        A.bias = bias_packed;
+    }
+    const backward_fn backward = pick_backward(&A);
+    const int NV = A.NV, KP = A.KP;
+    const size_t bias_vectors = dbias ? (size_t)H * Q * NV : 0;
+    vec *dbias_parts = dbias ? (vec *)alloc_aligned(sizeof(vec) * bias_vectors * threads) : NULL;
+    if (dbias && !dbias_parts) {
+        free(bias_packed);
+        return 1;
+    }
+    if (dbias_parts) memset(dbias_parts, 0, sizeof(vec) * bias_vectors * threads);
     int failed = 0;
-    memset(dkT, 0, sizeof(REAL) * B * H * E * K);
-    memset(dvT, 0, sizeof(REAL) * B * H * D * K);
-    if (dbias_parts) memset(dbias_parts, 0, sizeof(REAL) * threads * H * Q * K);
-    /* per row of a block: a, da, ds (H x K), r (K), u^T, g^T, dg^T = du^T (D x K), scaled q (H x E) */
-    const size_t row_len = (size_t)3 * H * K + K + (size_t)3 * D * K + (size_t)H * E;
 #pragma omp parallel num_threads(threads)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        REAL *buf = (REAL *)malloc(sizeof(REAL) * row_len * QBLOCK);
+        /* packed k, v and their gradients' sums over the batch element's queries, then a row's scratch */
+        const size_t kv_vectors = (size_t)H * (E + D) * NV;
+        vec *buf = (vec *)alloc_aligned(sizeof(vec) * (2 * kv_vectors + row_vectors(&A)) + sizeof(REAL) * H * E);
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
-        REAL *restrict dbias = dbias_parts ? dbias_parts + (size_t)tid * H * Q * K : NULL;
-        /* rows of one batch element stay on one thread: dk and dv accumulate over its queries */
+        vec *dbp = dbias_parts ? dbias_parts + (size_t)tid * bias_vectors : NULL;
+        /* a batch element's rows stay on one thread: dk and dv sum over its queries */
 #pragma omp for schedule(static)
         for (int b = 0; b < B; b++) {
             if (!buf) continue;
-            for (int q0 = 0; q0 < Q; q0 += QBLOCK) {
-                int nb = Q - q0 < QBLOCK ? Q - q0 : QBLOCK;
-                for (int j = 0; j < nb; j++) {
-                    int qi = q0 + j;
-                    REAL *restrict a = buf + j * row_len, *da = a + (size_t)H * K, *ds = da + (size_t)H * K;
-                    REAL *restrict r = ds + (size_t)H * K, *uT = r + K, *gT = uT + (size_t)D * K;
-                    REAL *restrict duT = gT + (size_t)D * K, *qs = duT + (size_t)D * K;
-                    const unsigned char *restrict kp =
-                        keep ? keep + ((size_t)(keep_batched ? b : 0) * Q + qi) * K : NULL;
-                    NAME(row_code)(q, kT, bias, kp, H, Q, K, E, b, qi, scale, rms, eps, a, r);
-                    /* with dropout, a holds the dropped code (what the value network sees) and ds, until it
-                     * is written below, the normalized code (what RMSHead's gradient needs) */
-                    const unsigned char *restrict dp = drop ? drop + (size_t)qi * K : NULL;
-                    const REAL *an = a; /* not restrict: it may point into ds */
-                    if (dp) {
-                        memcpy(ds, a, sizeof(REAL) * H * K);
-                        NAME(row_drop)(a, dp, keep_prob, H, K);
-                        an = ds;
-                    }
-                    NAME(row_value)(vT, a, H, K, D, b, phi, uT, gT);
-                    /* through y = a g:  dg^T[d,k] = sum_h a[h,k] dy[h,d];  da[h,k] = sum_d dy[h,d] g[k,d] */
-                    const REAL *restrict dyq = dy + ((size_t)b * H * Q + qi) * D; /* dy[h,d] = dyq[h*Q*D + d] */
-                    memset(duT, 0, sizeof(REAL) * D * K);
-                    memset(da, 0, sizeof(REAL) * H * K);
-                    for (int d = 0; d < D; d++)
-                        NAME(axpy_rows)(duT + (size_t)d * K, a, K, dyq + d, (size_t)Q * D, H, K);
-                    for (int h = 0; h < H; h++)
-                        NAME(axpy_rows)(da + (size_t)h * K, gT, K, dyq + (size_t)h * Q * D, 1, D, K);
-                    for (int i = 0; i < D * K; i++) duT[i] *= NAME(phi_grad)(phi, uT[i], gT[i]);
-                    /* through u = a v:  da[h,k] += sum_d du[k,d] v[h,k,d]  (dv: after the block) */
-                    for (int h = 0; h < H; h++) {
-                        REAL *restrict dah = da + (size_t)h * K;
-                        const REAL *restrict vh = vT + ((size_t)b * H + h) * D * K;
-                        NAME(acc_rows)(dah, duT, K, vh, K, D, K);
-                    }
-                    /* through the dropout: da of the normalized code */
-                    if (dp) NAME(row_drop)(da, dp, keep_prob, H, K);
-                    /* RMSHead: ds = r (da - a m / H), m = sum_h a da (a: the normalized code); masked pairs get
-                     * no gradient */
-                    if (rms) {
-                        REAL *restrict m = uT; /* u is no longer needed: reuse its first K entries */
-                        for (int k = 0; k < K; k++) m[k] = 0;
-                        for (int h = 0; h < H; h++)
-                            for (int k = 0; k < K; k++) m[k] += an[(size_t)h * K + k] * da[(size_t)h * K + k];
-                        for (int k = 0; k < K; k++) m[k] /= (REAL)H;
-                        for (int h = 0; h < H; h++)
-                            for (int k = 0; k < K; k++) {
-                                size_t i = (size_t)h * K + k;
-                                ds[i] = r[k] * (da[i] - an[i] * m[k]); /* an may be ds: read before written */
-                            }
-                    } else {
-                        memcpy(ds, da, sizeof(REAL) * H * K);
-                    }
-                    if (kp)
-                        for (int h = 0; h < H; h++)
-                            for (int k = 0; k < K; k++) ds[(size_t)h * K + k] = kp[k] ? ds[(size_t)h * K + k] : (REAL)0;
-                    /* scores s = scale q k + bias:  dq[h,e] = scale sum_k ds[h,k] k[h,e,k]  (dk: after the block) */
-                    for (int h = 0; h < H; h++) {
-                        const REAL *restrict dsh = ds + (size_t)h * K;
-                        if (dbias) {
-                            REAL *restrict dbh = dbias + ((size_t)h * Q + qi) * K;
-                            for (int k = 0; k < K; k++) dbh[k] += dsh[k];
-                        }
-                        const REAL *restrict qh = q + (((size_t)b * H + h) * Q + qi) * E;
-                        const REAL *restrict kh = kT + ((size_t)b * H + h) * E * K;
-                        REAL *restrict dqh = dq + (((size_t)b * H + h) * Q + qi) * E;
-                        for (int e = 0; e < E; e++) {
-                            const REAL *restrict ke = kh + (size_t)e * K;
-                            REAL acc = 0;
-                            for (int k = 0; k < K; k++) acc += dsh[k] * ke[k];
-                            dqh[e] = acc * scale;
-                            qs[(size_t)h * E + e] = qh[e] * scale;
-                        }
-                    }
-                }
-                /* the block's sums: dv[h,d,k] += sum_j a_j[h,k] du_j[d,k];  dk[h,e,k] += sum_j ds_j[h,k] q_j[h,e] */
-                for (int h = 0; h < H; h++) {
-                    const REAL *a0 = buf + (size_t)h * K;
-                    const REAL *ds0 = buf + (size_t)2 * H * K + (size_t)h * K;
-                    const REAL *du0 = buf + (size_t)3 * H * K + K + (size_t)2 * D * K;
-                    const REAL *qs0 = buf + (size_t)3 * H * K + K + (size_t)3 * D * K + (size_t)h * E;
-                    for (int d = 0; d < D; d++)
-                        NAME(acc_rows)(dvT + (((size_t)b * H + h) * D + d) * K, a0, row_len, du0 + (size_t)d * K,
-                                       row_len, nb, K);
-                    for (int e = 0; e < E; e++)
-                        NAME(axpy_rows)(dkT + (((size_t)b * H + h) * E + e) * K, ds0, row_len, qs0 + e, row_len, nb, K);
-                }
-            }
+            vec *kp = buf, *vp = kp + (size_t)H * E * NV, *dkp = vp + (size_t)H * D * NV, *dvp = dkp + (size_t)H * E * NV;
+            row_t s;
+            row_bind(&A, buf + 2 * kv_vectors, (REAL *)(buf + 2 * kv_vectors + row_vectors(&A)), &s);
+            backward(&A, &G, kp, vp, dkp, dvp, dbp, b, &s);
         }
         free(buf);
     }
+    if (dbias && !failed) { /* the threads' partial sums, in thread order */
+        const REAL *parts = (const REAL *)dbias_parts;
+        for (size_t hq = 0; hq < (size_t)H * Q; hq++)
+            for (int j = 0; j < K; j++) {
+                REAL acc = 0;
+                for (int t = 0; t < threads; t++) acc += parts[((size_t)t * H * Q + hq) * KP + j];
+                dbias[hq * K + j] = acc;
+            }
+    }
+    free(dbias_parts);
+    free(bias_packed);
     return failed;
 }

@@ -2,15 +2,18 @@
 
 Each (batch, query) row computes its scores for all heads and keys, RMSHead, the generated value
 network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is ever written; the
-backward recomputes the row (as FlashAttention does) instead of storing it. On the 2-core machine
+backward recomputes the row (as FlashAttention does) instead of storing it. q, k, v, the output and
+the gradients are read and written in the strides the model has (``B x T x H x E`` memory viewed as
+``B x H x T x E``), so no transpose is copied on the way in or out. On the 2-core machine
 this is what brings a HYLA training step close to softmax's (``results/bench_step_cpu.md``).
 
 The C file is compiled on first use with the system C compiler (``cc``/``gcc``/``clang`` with
 OpenMP; ``HYLA_CC`` overrides) into ``~/.cache/hyla/kernels`` (``HYLA_CACHE_DIR`` overrides), keyed by
 the source, the flags, the compiler and the CPU, and loaded through ctypes; no PyTorch headers, so
 it builds in about a second. It is built for the CPU it runs on (``-march=native``); ``HYLA_CPU_MARCH``
-names another target (e.g. ``x86-64-v3``): with ``-fassociative-math`` the target decides the order of
-the vectorized sums, so runs compared bit for bit across CPUs pin it (``tests/golden``). Without a
+names another target (e.g. ``x86-64-v3``). The kernel writes its vector sums itself (8 lanes, a fixed
+order, no contracted multiply-adds under ``-std=c99``), so with ``phi`` relu or identity its results do not
+depend on the target; the other phis call libm, whose results may. Without a
 working compiler it is unavailable and ``backend="auto"`` uses
 :mod:`hyla.attention.kernels.manual_backward` instead.
 
@@ -47,8 +50,8 @@ from hyla.runtime import cpuinfo_field
 SOURCE = Path(__file__).with_name("hyla_cpu.c")
 BASE_FLAGS = (
     "-O3", "-fopenmp", "-shared", "-fPIC", "-std=c99",
-    # lets the compiler vectorize the sums over keys; unlike -ffast-math it changes no global FPU state
-    "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+    # the source vectorizes its sums itself (fixed order); these only let sqrt and the like inline
+    "-fno-math-errno", "-fno-trapping-math",
 )  # fmt: skip
 #: the environment variable naming the ``-march`` target (default ``native``)
 MARCH_ENV = "HYLA_CPU_MARCH"
@@ -71,6 +74,11 @@ def _compiler() -> str | None:
 def target_march() -> str:
     """The ``-march`` target the kernel is built for: ``HYLA_CPU_MARCH``, default ``native``."""
     return os.environ.get(MARCH_ENV, "").strip() or "native"
+
+
+def source_digest() -> str:
+    """The first 12 hex digits of the kernel source's SHA-256: which version of the kernel a run used."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
 def build_flags() -> tuple[str, ...]:
@@ -179,20 +187,19 @@ def _pointer(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(None if t is None else t.data_ptr())
 
 
-def _shape_args(q: Tensor, kT: Tensor, vT: Tensor) -> list[ctypes.c_int]:
-    b, h, nq, e = q.shape
-    return [ctypes.c_int(n) for n in (b, h, nq, kT.shape[-1], e, vT.shape[2])]
-
-
 def _real(suffix: str) -> type:
     return ctypes.c_float if suffix == "f32" else ctypes.c_double
+
+
+def _strides(t: Tensor) -> Any:
+    return (ctypes.c_longlong * 4)(*t.stride())
 
 
 def _call_c(
     direction: str,
     q: Tensor,
-    kT: Tensor,
-    vT: Tensor,
+    k: Tensor,
+    v: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
@@ -204,17 +211,31 @@ def _call_c(
     *buffers: Tensor | None,
 ) -> None:
     """``hyla_{direction}_{f32|f64}`` of ``hyla_cpu.c``: the inputs and settings both directions take, then
-    ``buffers`` (forward: ``y``; backward: ``dy``, then the gradients it writes)."""
+    ``buffers`` (forward: ``y``; backward: ``dy``, ``dq``, ``dk``, ``dv``, then ``dbias`` or None), each
+    4-d one passed with its strides."""
     lib, suffix = load_library(), DTYPES[q.dtype]
     real = _real(suffix)
     keep_batched = int(keep is not None and keep.shape[0] > 1)
+    b, h, nq, e = q.shape
+    sizes = [ctypes.c_int(n) for n in (b, h, nq, k.shape[2], e, v.shape[3])]
+    tail: list[Any] = []
+    for t in buffers:
+        tail.append(_pointer(t))
+        if t is not None and t.dim() == 4:
+            tail.append(_strides(t))
     failed = getattr(lib, f"hyla_{direction}_{suffix}")(
-        _pointer(q), _pointer(kT), _pointer(vT), _pointer(bias), _pointer(keep), ctypes.c_int(keep_batched),
-        _pointer(drop), real(keep_prob), *_shape_args(q, kT, vT), real(1.0 / q.shape[-1] ** 0.5),
-        ctypes.c_int(int(rms)), real(eps), ctypes.c_int(phi), ctypes.c_int(threads), *map(_pointer, buffers),
+        _pointer(q), _strides(q), _pointer(k), _strides(k), _pointer(v), _strides(v), _pointer(bias),
+        _pointer(keep), ctypes.c_int(keep_batched), _pointer(drop), real(keep_prob), *sizes,
+        real(1.0 / e**0.5), ctypes.c_int(int(rms)), real(eps), ctypes.c_int(phi), ctypes.c_int(threads), *tail,
     )  # fmt: skip
     if failed:
         raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
+
+
+def _output_like_heads_inside(b: int, h: int, t: int, d: int, like: Tensor) -> Tensor:
+    """A fresh ``B x H x T x D`` tensor laid out as ``B x T x H x D`` in memory: the layout the model's
+    output projection reads without a copy."""
+    return torch.empty_strided((b, h, t, d), (t * h * d, d, h * d, 1), dtype=like.dtype, device=like.device)
 
 
 # The kernel is registered as PyTorch custom ops (opaque to torch.compile, which traces the layout
@@ -222,8 +243,8 @@ def _call_c(
 @torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention(
     q: Tensor,
-    kT: Tensor,
-    vT: Tensor,
+    k: Tensor,
+    v: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
@@ -233,16 +254,16 @@ def _fused_cpu_attention(
     eps: float,
 ) -> Tensor:
     b, h, nq, _ = q.shape
-    y = q.new_empty(b, h, nq, vT.shape[2])
-    _call_c("forward", q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps, torch.get_num_threads(), y)
+    y = _output_like_heads_inside(b, h, nq, v.shape[3], q)
+    _call_c("forward", q, k, v, bias, keep, drop, keep_prob, phi, rms, eps, torch.get_num_threads(), y)
     return y
 
 
 @_fused_cpu_attention.register_fake
 def _fused_cpu_attention_fake(
     q: Tensor,
-    kT: Tensor,
-    vT: Tensor,
+    k: Tensor,
+    v: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
@@ -251,15 +272,15 @@ def _fused_cpu_attention_fake(
     rms: bool,
     eps: float,
 ) -> Tensor:
-    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], vT.shape[2])
+    return _output_like_heads_inside(q.shape[0], q.shape[1], q.shape[2], v.shape[3], q)
 
 
 @torch.library.custom_op("hyla::fused_cpu_attention_backward", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention_backward(
     dy: Tensor,
     q: Tensor,
-    kT: Tensor,
-    vT: Tensor,
+    k: Tensor,
+    v: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
@@ -269,21 +290,19 @@ def _fused_cpu_attention_backward(
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if bias is not None and bias_grad else None
     threads = torch.get_num_threads()
-    dy = dy.contiguous()  # bound to a name: the C call reads its memory
-    dq, dkT, dvT = torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT)
-    dbias_parts = q.new_empty(threads, *bias.shape) if bias is not None and bias_grad else None
-    _call_c("backward", q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps, threads, dy, dq, dkT, dvT, dbias_parts)
-    dbias = dbias_parts.sum(0) if dbias_parts is not None else q.new_empty(0)
-    return dq, dkT, dvT, dbias
+    _call_c("backward", q, k, v, bias, keep, drop, keep_prob, phi, rms, eps, threads, dy, dq, dk, dv, dbias)
+    return dq, dk, dv, (dbias if dbias is not None else q.new_empty(0))
 
 
 @_fused_cpu_attention_backward.register_fake
 def _fused_cpu_attention_backward_fake(
     dy: Tensor,
     q: Tensor,
-    kT: Tensor,
-    vT: Tensor,
+    k: Tensor,
+    v: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
@@ -293,23 +312,23 @@ def _fused_cpu_attention_backward_fake(
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dbias = bias.new_empty(bias.shape) if bias is not None and bias_grad else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(kT), torch.empty_like(vT), dbias
+    dbias = torch.empty_like(bias) if bias is not None and bias_grad else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps = inputs
-    ctx.save_for_backward(q, kT, vT, bias, keep, drop)
+    q, k, v, bias, keep, drop, keep_prob, phi, rms, eps = inputs
+    ctx.save_for_backward(q, k, v, bias, keep, drop)
     ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps = keep_prob, phi, rms, eps
 
 
 def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
-    q, kT, vT, bias, keep, drop = ctx.saved_tensors
+    q, k, v, bias, keep, drop = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dkT, dvT, dbias = _fused_cpu_attention_backward(
-        dy, q, kT, vT, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps, bias_grad
+    dq, dk, dv, dbias = _fused_cpu_attention_backward(
+        dy, q, k, v, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps, bias_grad
     )
-    return dq, dkT, dvT, (dbias if bias_grad else None), None, None, None, None, None, None
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None
 
 
 _fused_cpu_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -326,19 +345,15 @@ def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, .
 
 def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
     """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
-    q, kT, vT, bias, keep, drop, keep_prob, phi, rms, eps = args
+    q, k, v, bias, keep, drop, keep_prob, phi, rms, eps = args
     if any(d is not None for d in in_dims[3:6]):  # per-run bias, mask or dropout: the kernel takes one
         return _slice_by_slice(_fused_cpu_attention, in_dims, args)
     runs = info.batch_size
-    q, kT, vT = (
-        (t.movedim(d, 0) if d is not None else t.expand(runs, *t.shape)).reshape(-1, *t.shape[-3:])
-        for t, d in zip((q, kT, vT), in_dims[:3])
-    )
+    q, k, v = (t.movedim(d, 0) if d is not None else t.expand(runs, *t.shape) for t, d in zip((q, k, v), in_dims[:3]))
+    q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     if keep is not None and keep.shape[0] > 1:  # one mask per example: repeat it for every run
         keep = keep.repeat(runs, 1, 1)
-    y = _fused_cpu_attention(
-        q.contiguous(), kT.contiguous(), vT.contiguous(), bias, keep, drop, keep_prob, phi, rms, eps
-    )
+    y = _fused_cpu_attention(q, k, v, bias, keep, drop, keep_prob, phi, rms, eps)
     return y.reshape(runs, -1, *y.shape[1:]), 0
 
 
@@ -395,12 +410,10 @@ def fused_cpu_hypernetwork_attention(
                 f"got shape {tuple(dropout_keep_11xQxK.shape)}"
             )
         drop = dropout_keep_11xQxK.reshape(nq, nk).to(torch.uint8).contiguous()
-    kT = k_BxHxKxE.transpose(-1, -2).contiguous()
-    vT = v_BxHxKxD.transpose(-1, -2).contiguous()
     return _fused_cpu_attention(
-        q_BxHxQxE.contiguous(),
-        kT,
-        vT,
+        q_BxHxQxE,
+        k_BxHxKxE,
+        v_BxHxKxD,
         bias_HxQxK,
         keep,
         drop,
