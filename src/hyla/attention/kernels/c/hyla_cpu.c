@@ -145,6 +145,35 @@ INLINE void unpack_grads(const args_t *A, const grads_t *G, int b, const vec *dk
     }
 }
 
+/* out[k] = sum_h x[h, k] y[h, k] (H x NV vectors each), CHUNK keys' vectors at a time */
+INLINE void head_dot(const vec *x, const vec *y, vec *out, const int H, const int NV) {
+    for (int c0 = 0; c0 < NV; c0 += CHUNK) {
+        const int n = NV - c0 < CHUNK ? NV - c0 : CHUNK;
+        vec acc[CHUNK];
+        for (int c = 0; c < n; c++) acc[c] = (vec){0};
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < n; c++) acc[c] += x[(size_t)h * NV + c0 + c] * y[(size_t)h * NV + c0 + c];
+        for (int c = 0; c < n; c++) out[c0 + c] = acc[c];
+    }
+}
+
+/* out[d, k] = sum_h a[h, k] w[h, d, k] (out D x NV vectors, a H x NV), with w's vector for (h, d, key vector c)
+ * at w[(h * D + d) * hd_stride + c * c_stride]: c_stride 0 gives one vector for all keys */
+INLINE void head_mix(const vec *a, const vec *w, const size_t hd_stride, const size_t c_stride, vec *out, const int H,
+                     const int NV, const int D) {
+    for (int c = 0; c < NV; c++)
+        for (int d0 = 0; d0 < D; d0 += CHUNK) {
+            const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
+            vec acc[CHUNK];
+            for (int d = 0; d < n; d++) acc[d] = (vec){0};
+            for (int h = 0; h < H; h++) {
+                const vec ahc = a[(size_t)h * NV + c];
+                for (int d = 0; d < n; d++) acc[d] += ahc * w[((size_t)h * D + d0 + d) * hd_stride + c * c_stride];
+            }
+            for (int d = 0; d < n; d++) out[(size_t)(d0 + d) * NV + c] = acc[d];
+        }
+}
+
 /* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g */
 INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, const int H,
                         const int NV, const int E, const int D) {
@@ -172,14 +201,7 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
     }
     /* RMSHead over the heads of each key */
     if (A->rms) {
-        for (int c0 = 0; c0 < NV; c0 += CHUNK) {
-            const int n = NV - c0 < CHUNK ? NV - c0 : CHUNK;
-            vec ss[CHUNK];
-            for (int c = 0; c < n; c++) ss[c] = (vec){0};
-            for (int h = 0; h < H; h++)
-                for (int c = 0; c < n; c++) ss[c] += s->an[(size_t)h * NV + c0 + c] * s->an[(size_t)h * NV + c0 + c];
-            for (int c = 0; c < n; c++) s->r[c0 + c] = ss[c];
-        }
+        head_dot(s->an, s->an, s->r, H, NV);
         REAL *rr = (REAL *)s->r;
         for (int j = 0; j < KP; j++) rr[j] = (REAL)1 / sqrt(rr[j] / (REAL)H + A->eps);
         for (int h = 0; h < H; h++)
@@ -192,17 +214,7 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
         memcpy(s->a, s->an, sizeof(vec) * H * NV);
     }
     /* the generated value network: u[d, k] = sum_h a[h, k] v[h, k, d], g = phi(u) */
-    for (int c = 0; c < NV; c++)
-        for (int d0 = 0; d0 < D; d0 += CHUNK) {
-            const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
-            vec acc[CHUNK];
-            for (int d = 0; d < n; d++) acc[d] = (vec){0};
-            for (int h = 0; h < H; h++) {
-                const vec ahc = s->a[(size_t)h * NV + c];
-                for (int d = 0; d < n; d++) acc[d] += ahc * vp[((size_t)h * D + d0 + d) * NV + c];
-            }
-            for (int d = 0; d < n; d++) s->u[(size_t)(d0 + d) * NV + c] = acc[d];
-        }
+    head_mix(s->a, vp, NV, 1, s->u, H, NV, D);
     const REAL *ur = (const REAL *)s->u;
     REAL *gr = (REAL *)s->g;
     if (A->phi == 0)
@@ -244,25 +256,15 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
     for (int qi = 0; qi < Q; qi++) {
         row_forward(A, kp, vp, b, qi, s, H, NV, E, D);
         const REAL *dyrow = G->dy + b * G->dys[0] + qi * G->dys[2];
-        REAL dyr[H * D]; /* dy[h, d] of this row */
+        vec dyv[H * D]; /* dy[h, d] of this row, each in all lanes */
         for (int h = 0; h < H; h++)
-            for (int d = 0; d < D; d++) dyr[h * D + d] = dyrow[h * G->dys[1] + d * G->dys[3]];
+            for (int d = 0; d < D; d++) dyv[h * D + d] = (vec){0} + dyrow[h * G->dys[1] + d * G->dys[3]];
         /* through y = a g:  dg[d, k] = sum_h a[h, k] dy[h, d];  da[h, k] = sum_d dy[h, d] g[d, k] */
-        for (int c = 0; c < NV; c++)
-            for (int d0 = 0; d0 < D; d0 += CHUNK) {
-                const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
-                vec acc[CHUNK];
-                for (int d = 0; d < n; d++) acc[d] = (vec){0};
-                for (int h = 0; h < H; h++) {
-                    const vec ahc = s->a[(size_t)h * NV + c];
-                    for (int d = 0; d < n; d++) acc[d] += ahc * dyr[h * D + d0 + d];
-                }
-                for (int d = 0; d < n; d++) s->du[(size_t)(d0 + d) * NV + c] = acc[d];
-            }
+        head_mix(s->a, dyv, 1, 0, s->du, H, NV, D);
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) {
                 vec dac = {0};
-                for (int d = 0; d < D; d++) dac += dyr[h * D + d] * s->g[(size_t)d * NV + c];
+                for (int d = 0; d < D; d++) dac += dyv[h * D + d] * s->g[(size_t)d * NV + c];
                 s->da[(size_t)h * NV + c] = dac;
             }
         /* through g = phi(u) */
@@ -288,19 +290,14 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
             }
         /* RMSHead: ds = r (da - an m), m = sum_h an da / H; masked pairs get no gradient */
         if (A->rms) {
-            for (int c0 = 0; c0 < NV; c0 += CHUNK) {
-                const int n = NV - c0 < CHUNK ? NV - c0 : CHUNK;
-                vec m[CHUNK];
-                for (int c = 0; c < n; c++) m[c] = (vec){0};
-                for (int h = 0; h < H; h++)
-                    for (int c = 0; c < n; c++) m[c] += s->an[(size_t)h * NV + c0 + c] * s->da[(size_t)h * NV + c0 + c];
-                for (int c = 0; c < n; c++) {
-                    m[c] /= (REAL)H;
-                    const vec rk = s->r[c0 + c] * s->keepv[c0 + c];
-                    for (int h = 0; h < H; h++) {
-                        const size_t i = (size_t)h * NV + c0 + c;
-                        s->ds[i] = rk * (s->da[i] - s->an[i] * m[c]);
-                    }
+            vec *m = s->u; /* u is no longer needed */
+            head_dot(s->an, s->da, m, H, NV);
+            for (int c = 0; c < NV; c++) {
+                m[c] /= (REAL)H;
+                const vec rk = s->r[c] * s->keepv[c];
+                for (int h = 0; h < H; h++) {
+                    const size_t i = (size_t)h * NV + c;
+                    s->ds[i] = rk * (s->da[i] - s->an[i] * m[c]);
                 }
             }
         } else {
@@ -395,12 +392,7 @@ int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *k
                        int phi, int threads, REAL *y, const i64 *ys) {
     args_t A;
     args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, rms, eps, phi);
-    vec *bias_packed = NULL;
-    if (bias) {
-        bias_packed = pack_bias(&A, bias);
-        if (!bias_packed) return 1;
-        A.bias = bias_packed;
-    }
+    if (bias && !(A.bias = pack_bias(&A, bias))) return 1;
     const forward_fn forward = pick_forward(&A);
     /* a unit is a batch element's rows, or a block of them when the batch is small for the threads */
     const int qblock = B >= 4 * threads ? Q : QBLOCK;
@@ -428,7 +420,7 @@ int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *k
         }
         free(buf);
     }
-    free(bias_packed);
+    free((void *)A.bias);
     return failed;
 }
 
@@ -442,18 +434,13 @@ int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *
     grads_t G;
     G.dy = dy; G.dq = dq; G.dk = dk; G.dv = dv;
     for (int i = 0; i < 4; i++) { G.dys[i] = dys[i]; G.dqs[i] = dqs[i]; G.dks[i] = dks[i]; G.dvs[i] = dvs[i]; }
-    vec *bias_packed = NULL;
-    if (bias) {
-        bias_packed = pack_bias(&A, bias);
-        if (!bias_packed) return 1;
-        A.bias = bias_packed;
-    }
+    if (bias && !(A.bias = pack_bias(&A, bias))) return 1;
     const backward_fn backward = pick_backward(&A);
     const int NV = A.NV, KP = A.KP;
     const size_t bias_vectors = dbias ? (size_t)H * Q * NV : 0;
     vec *dbias_parts = dbias ? (vec *)alloc_aligned(sizeof(vec) * bias_vectors * threads) : NULL;
     if (dbias && !dbias_parts) {
-        free(bias_packed);
+        free((void *)A.bias);
         return 1;
     }
     if (dbias_parts) memset(dbias_parts, 0, sizeof(vec) * bias_vectors * threads);
@@ -493,6 +480,6 @@ int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *
             }
     }
     free(dbias_parts);
-    free(bias_packed);
+    free((void *)A.bias);
     return failed;
 }
