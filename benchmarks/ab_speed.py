@@ -55,7 +55,29 @@ def main() -> None:
         for variant in new[0]["variants"] if old and new else []:
             v = ("variants", variant, "ms_per_step")
             lines.append(row(task, variant, median_at(old, *v), median_at(new, *v)))
+    lines += profiles(out)
     print("\n".join(lines))
+
+
+def profiles(out: Path, top: int = 8) -> list[str]:
+    """Per profiled task and variant (``profile_<task>_<variant>.json``, written by ``benchmarks/profile_step.py``
+    on both sides), the ops with the most self CPU time, old beside new, in ms per step."""
+    lines: list[str] = []
+    for new_file in sorted((out / "new").glob("profile_*.json")):
+        old_file = out / "old" / new_file.name
+        if not old_file.exists():
+            continue
+        sides = {side: json.loads(f.read_text()) for side, f in (("old", old_file), ("new", new_file))}
+        ms = {side: {op["op"]: op["ms_per_step"] for op in d["ops"]} for side, d in sides.items()}
+        names = list(dict.fromkeys([op["op"] for d in sides.values() for op in d["ops"][:top]]))
+        names.sort(key=lambda n: -max(ms["old"].get(n, 0.0), ms["new"].get(n, 0.0)))
+        title = f"Profile, {sides['new']['task']} {sides['new']['variant']}"
+        lines += ["", f"{title} (self CPU ms per step; '-': not among that side's top ops)", ""]
+        lines += ["| op | old | new |", "|---|---|---|"]
+        for n in names:
+            cells = [f"{ms[s][n]:.1f}" if n in ms[s] else "-" for s in ("old", "new")]
+            lines.append(f"| `{n}` | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 if __name__ == "__main__":

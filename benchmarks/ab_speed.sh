@@ -7,7 +7,8 @@
 #        restructure into one shell and two engines; results/restructure_speed)
 # Environment: ROUNDS (default 2); SUITE: all (default: the tables above, on the machine's threads) or
 # one-thread-step (the model step of the SRAVEN and fuzzy-logic paper models, softmax and HYLA, attention
-# dropout 0.1 as the paper configs train, on one thread: what a background paper run does). Stop other
+# dropout 0.1 as the paper configs train, on one thread: what a background paper run does; then each side's
+# profile of those steps, benchmarks/profile_step.py). Stop other
 # work on the machine first: the timings are medians of blocks, but two cores shared with anything else
 # measure the other thing.
 set -euo pipefail
@@ -58,4 +59,16 @@ for round in $(seq 1 "$ROUNDS"); do
         echo "round $round: $side done"
     done
 done
+if [ "$SUITE" = one-thread-step ]; then
+    for side in old new; do
+        src="$REPO_ROOT"
+        [ "$side" = old ] && src="$tmp/old"
+        for task in sraven fuzzy_logic; do
+            for variant in softmax hyla; do
+                OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/profile_step.py" --task "$task" \
+                    --variant "$variant" --json "$OUT/$side/profile_${task%_logic}_$variant.json" >/dev/null
+            done
+        done
+    done
+fi
 "$PY" "$REPO_ROOT/benchmarks/ab_speed.py" "$OUT" "$OLD_REF"

@@ -17,8 +17,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -65,8 +63,7 @@ def time_variant(
     all_positions: bool = False,
     backend: str = "auto",
     dropout: float = 0.0,
-    profile_top: int = 0,
-) -> dict[str, Any]:
+) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     if all_positions:  # the model computes every position, as without Transformer(last_positions=...)
         last_positions = None
@@ -111,41 +108,16 @@ def time_variant(
         sync()
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
-    top_ops = profile_ops(step, steps, profile_top) if profile_top else None
     if device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out: dict[str, Any] = {
+    return {
         "ms_per_step": ms,
         "tokens_per_s": batch_size * seq_len / (ms / 1000),
         "peak_mem_mb": peak,
         "params": float(num_parameters(model)),
     }
-    if top_ops is not None:
-        out["top_ops"] = top_ops
-    return out
-
-
-def profile_ops(step: Callable[[], None], steps: int, top: int) -> list[dict[str, Any]]:
-    """The ``top`` ops by self CPU time over ``steps`` further steps under ``torch.profiler``: name, share of
-    all self time, ms per step, calls per step (after the timed steps, so profiling slows no timing)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events) or 1.0
-    return [
-        {
-            "op": e.key,
-            "share": e.self_cpu_time_total / total,
-            "ms_per_step": e.self_cpu_time_total / 1000 / steps,
-            "calls_per_step": e.count / steps,
-        }
-        for e in events[:top]
-    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}") from None
     if not 0 <= args.dropout < 1:
         raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.profile < 0:
-        raise SystemExit(f"--profile must be >= 0 (0: no profile), got {args.profile}")
     if args.steps < 1 or args.batch_size < 1 or args.warmup < 0:
         raise SystemExit(
             f"--steps and --batch-size must be >= 1, --warmup >= 0; got {args.steps}, {args.batch_size}, {args.warmup}"
@@ -180,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
             f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, "
-            f"{args.dropout!r}, {args.profile})))",
+            f"{args.dropout!r})))",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:  # its last line says why (the traceback above it is the measuring process's)
@@ -199,15 +169,6 @@ def run(args: argparse.Namespace) -> int:
             f"{v:34s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_mem_mb']:9.0f} "
             f"{int(r['params']):9d} {ratio:>10s}"
         )
-    for v, r in results.items():
-        if r.get("top_ops"):
-            print(f"\n{v}: ops by self CPU time ({args.steps} profiled steps; the autograd node of a custom op")
-            print("counts the op's own forward call, e.g. GeneratedBackwardFor_hyla_fused_cpu_attention_default)")
-            for op in r["top_ops"]:
-                print(
-                    f"  {op['share']:6.1%} {op['ms_per_step']:8.2f} ms/step {op['calls_per_step']:7.1f} calls/step  "
-                    f"{op['op']}"
-                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -251,13 +212,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--all-positions",
         action="store_true",
         help="compute every output position (not only those the loss reads), for comparison",
-    )
-    p.add_argument(
-        "--profile",
-        type=int,
-        default=0,
-        metavar="N",
-        help="after timing, profile as many steps again and list the N ops with the most self CPU time",
     )
     p.add_argument("--json", help="write {'variants': {name: {'ms_per_step', 'peak_mem_mb', ...}}, 'device'}")
     p.set_defaults(func=run)
