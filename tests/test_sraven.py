@@ -125,6 +125,23 @@ def test_split_is_exact_disjoint_and_independent_of_training_seed() -> None:
     assert not torch.equal(SRaven(split_seed=1).task_ids["ood"], task.task_ids["ood"])
 
 
+def test_the_authors_held_out_tasks_per_seed() -> None:
+    """``heldout_draw='authors'``: the tasks the authors' JAX permutation holds out for that seed (their first 8
+    for seed 0 read off their code), the rest trained on; problems of ``ood`` come only from
+    them; the seed, not the data stream, picks them, and a numpy draw of the same seed picks other ones."""
+    theirs = SRaven(split_seed=0, heldout_draw="authors")
+    assert theirs.task_ids["ood"][:8].tolist() == [0, 2, 5, 6, 7, 8, 14, 15]
+    for seed in (0, 1, 2):
+        task = SRaven(split_seed=seed, heldout_draw="authors")
+        ood, train = set(task.task_ids["ood"].tolist()), set(task.task_ids["train"].tolist())
+        assert len(ood) == 82 and not ood & train and ood | train == set(range(330))
+        drawn = task.sample_problems(256, "ood", torch.Generator().manual_seed(seed))["task_id"]
+        assert set(drawn.tolist()) <= ood
+        ours = set(SRaven(split_seed=seed).task_ids["ood"].tolist())
+        assert 10 < len(ours & ood) < 40  # two draws of 82 of 330 share about 20
+    assert SRaven(split_seed=1, heldout_draw="authors").task_ids["ood"].tolist() != theirs.task_ids["ood"].tolist()
+
+
 def test_holdout_zero_drops_the_ood_split() -> None:
     task = SRaven(holdout=0.0)
     assert task.eval_splits == ("test",) and len(task.task_ids["train"]) == 330
@@ -209,6 +226,9 @@ def test_loss_and_metrics() -> None:
         ({"num_values": 300, "grid_size": 4}, "num_values=300, grid_size=4: the row table"),
         ({"num_features": 6, "unambiguous_only": True}, "unambiguous_only=True .* num_features=6"),
         ({"rules": ["constant"], "num_features": 2, "holdout": 0.9}, "holdout=0.9 holds out no task of 1"),
+        ({"heldout_draw": "jax"}, "heldout_draw must be one of numpy, authors, got 'jax'"),
+        ({"heldout_draw": "authors", "holdout": 0.3}, "heldout_draw='authors' needs the authors' task space"),
+        ({"heldout_draw": "authors", "split_seed": 10}, "for split seeds 0, 1, .*got split seed 10"),
     ],
 )
 def test_impossible_configurations(kwargs: dict, match: str) -> None:

@@ -19,6 +19,9 @@ A *task* is the multiset of F rules (``C(8+F-1, F)`` = 330 tasks for F=4); canon
 gets the f-th rule of the sorted multiset (as in the paper's code). A fraction ``holdout`` of the
 tasks (``int(holdout * num_tasks)`` = 82) is the ``ood`` split, chosen by ``split_seed`` alone; the
 others are ``train`` and ``test`` (fresh problems of the training tasks). ``holdout=0`` drops ``ood``.
+``heldout_draw`` says how the seed picks them: ``numpy`` (ours: a numpy permutation) or ``authors`` (the
+tasks the authors' JAX code holds out for that seed, tabulated for seeds 0-9 in
+``sraven_authors_heldout.json``: the same split as their run of that seed).
 
 Feature permutation: for each problem and column c the F feature slots are permuted by ``perm[c]``,
 shared by the rows of that column: ``grid[r, c, i] = canonical[r, c, perm[c, i]]``.
@@ -37,9 +40,11 @@ generator's device, turned into indices by ``floor(u * n)`` (uniform to within `
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,6 +107,10 @@ class SRavenOptions:
     num_values: int = 8
     grid_size: int = 3
     unambiguous_only: bool = field(default=False, metadata={"help": "resample ambiguous problems"})
+    heldout_draw: str = field(
+        default="numpy",
+        metadata={"help": "which tasks the seed holds out: numpy (ours) | authors (their code's set; seeds 0-9)"},
+    )
 
 
 @dataclass
@@ -114,6 +123,19 @@ class SRavenExportOptions(SRavenOptions):
 
 
 _DEFAULTS = SRavenOptions()
+HELDOUT_DRAWS = ("numpy", "authors")
+AUTHORS_HELDOUT = Path(__file__).with_name("sraven_authors_heldout.json")
+
+
+def authors_heldout(split_seed: int) -> list[int]:
+    """The tasks the authors' code holds out (its ``ood`` split) for ``split_seed``, from the tabulated draws."""
+    seeds = json.loads(AUTHORS_HELDOUT.read_text())["seeds"]
+    if str(split_seed) not in seeds:
+        raise ValueError(
+            f"heldout_draw='authors' knows the authors' held-out tasks for split seeds {', '.join(seeds)}; "
+            f"got split seed {split_seed} (use heldout_draw='numpy', or add the seed to {AUTHORS_HELDOUT.name})"
+        )
+    return seeds[str(split_seed)]
 
 
 class SRaven(Task):
@@ -139,6 +161,7 @@ class SRaven(Task):
         split_seed: int = 0,
         permute_features: bool = True,
         unambiguous_only: bool = _DEFAULTS.unambiguous_only,
+        heldout_draw: str = _DEFAULTS.heldout_draw,
     ) -> None:
         rules = tuple(RULE_NAMES if rules is None else rules)
         unknown = [r for r in rules if r not in RULE_NAMES]
@@ -162,6 +185,15 @@ class SRaven(Task):
             )
         if not 0 <= holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {holdout}")
+        if heldout_draw not in HELDOUT_DRAWS:
+            raise ValueError(f"heldout_draw must be one of {', '.join(HELDOUT_DRAWS)}, got {heldout_draw!r}")
+        authors_setting = (num_features, num_values, holdout, tuple(rules)) == (4, 8, 0.25, RULE_NAMES)
+        if heldout_draw == "authors" and not authors_setting:
+            raise ValueError(
+                "heldout_draw='authors' needs the authors' task space (num_features=4, num_values=8, holdout=0.25, "
+                f"all rules); got num_features={num_features}, num_values={num_values}, holdout={holdout}, "
+                f"rules={list(rules)}"
+            )
         ids = [RULE_NAMES.index(r) for r in rules]
         table_rows = sum(_rows_count(i, num_values, grid_size) for i in ids)
         if table_rows > MAX_TABLE_ROWS:
@@ -192,7 +224,12 @@ class SRaven(Task):
         num_ood = int(holdout * len(tasks))
         if holdout > 0 and num_ood == 0:
             raise ValueError(f"holdout={holdout} holds out no task of {len(tasks)}; raise it or use 0")
-        order = torch.from_numpy(np.random.default_rng(split_seed).permutation(len(tasks)))
+        self.heldout_draw = heldout_draw
+        if heldout_draw == "authors":  # their held-out tasks first, then the rest: the same cut below
+            held = authors_heldout(split_seed)
+            order = torch.tensor(held + sorted(set(range(len(tasks))) - set(held)))
+        else:
+            order = torch.from_numpy(np.random.default_rng(split_seed).permutation(len(tasks)))
         self.task_ids = {"train": order[num_ood:].sort().values, "test": order[num_ood:].sort().values}
         if num_ood:
             self.task_ids["ood"] = order[:num_ood].sort().values
