@@ -157,14 +157,19 @@ def test_fused_cpu_attention_dropout_equals_the_direct_form(normalization: str, 
     assert _rel(plain, y_got) > 0.01  # the mask dropped something
 
 
-@pytest.mark.parametrize("num_queries", [36, 4])  # SRAVEN's blocks; its last block computes the 4 answers
+# the sizes the kernel has specialized copies for (heads, keys, head dim; queries): SRAVEN's blocks (its last
+# computes the 4 answers) and fuzzy logic's
+PAPER_SIZES = {"sraven": (16, 36, 4, 36), "sraven_last_block": (16, 36, 4, 4), "fuzzy_logic": (8, 32, 2, 32)}
+
+
+@pytest.mark.parametrize("sizes", list(PAPER_SIZES))
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-def test_fused_cpu_reads_and_writes_the_models_strided_layout(num_queries: int, dtype: torch.dtype, tol: float) -> None:
-    """SRAVEN's sizes (16 heads, 36 keys: not a multiple of the kernel's 8 lanes, head dim 4) with q, k, v
+def test_fused_cpu_reads_and_writes_the_models_strided_layout(sizes: str, dtype: torch.dtype, tol: float) -> None:
+    """The paper models' sizes (SRAVEN's 36 keys are not a multiple of the kernel's 8 lanes) with q, k, v
     as the model passes them (``B x T x H x E`` memory viewed as ``B x H x T x E``), a gradient of the output
     in yet another layout, a mask, a bias and dropout: forward and every gradient against the direct form;
     the output comes back in the layout the output projection reads without a copy."""
-    b, h, nk, e = 5, 16, 36, 4
+    b, (h, nk, e, num_queries) = 5, PAPER_SIZES[sizes]
     config = attention_preset("hyla")
     gen = torch.Generator().manual_seed(4)
     base = [
