@@ -4,6 +4,8 @@ cover)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -401,3 +403,36 @@ def test_fused_cpu_custom_op_passes_opcheck() -> None:
     args = (q, k, v, bias, keep, drop, 0.9, 1, True, 1e-6)
     results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
     assert set(results.values()) == {"SUCCESS"}, results
+
+
+_MARCH_PROBE = """
+import sys, torch
+from hyla.attention import attention_preset
+from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention as attend
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(3, 36, 16, 4, generator=g).transpose(1, 2).requires_grad_() for _ in range(3))
+bias = torch.randn(16, 36, 36, generator=g, requires_grad=True)
+keep = torch.rand(1, 1, 36, 36, generator=g) > 0.1
+y = attend(q, k, v, attention_preset("hyla"), bias=bias, dropout_keep_11xQxK=keep, dropout=0.1)
+grads = torch.autograd.grad(y, (q, k, v, bias), torch.randn(y.shape, generator=g))
+torch.save([y.detach(), *grads], sys.argv[1])
+"""
+
+
+@pytest.mark.float_sensitive
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="x86-64 -march targets")
+def test_fused_cpu_relu_results_do_not_depend_on_the_march_target(tmp_path: Path) -> None:
+    """The kernel writes its vector sums itself in a fixed order (no -fassociative-math, no contracted
+    multiply-adds), so with phi relu a build for x86-64-v2 (SSE4) and one for this CPU agree bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for march in ("x86-64-v2", "native"):
+        out = tmp_path / f"{march}.pt"
+        env = {**os.environ, "HYLA_CPU_MARCH": march, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", _MARCH_PROBE, str(out)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(torch.load(out))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
