@@ -3,7 +3,9 @@
 #
 # The device call (after `benchmarks/gpu_sraven_verdict.sh prepare` here, once):
 #   run(command="MINUTES=8.5 bash benchmarks/gpu_sraven_verdict.sh", carry=[".authors"], timeout_s=600)
-# A later call continues from the archive the last one returned (copy its file, or its .part-NNN files, from
+# A call resumes each run of theirs from its resume.pkl in the working tree; the newest of each is committed
+# (results/gpu_sraven_verdict/README.md), so a later session's call needs nothing more. Within one session, a
+# second call continues from the archive the last one returned (copy its file, or its .part-NNN files, from
 # files_at into the ignored folder .gpu_state/ first), with MINUTES a minute and a half under the device
 # time left, e.g.:
 #   run(command="MINUTES=2.5 RESUME_FROM=.gpu_state/gpu_sraven_verdict.tar.gz bash benchmarks/gpu_sraven_verdict.sh",

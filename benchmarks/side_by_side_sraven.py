@@ -34,6 +34,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,18 @@ def evaluations(curve: list[dict[str, Any]], authors: bool) -> dict[tuple[int, s
 
 def cell(values: dict[str, float], metric: str, scale: float = 1.0, digits: int = 3) -> str:
     return f"{scale * values[metric]:.{digits}f}" if metric in values else "-"
+
+
+def authors_devices(run_dir: Path) -> list[str]:
+    """The devices their run trained on: ``cuda`` or ``cpu`` from each ``== STAMP: this call (DEVICE)`` line that
+    ``gpu_sraven_verdict.sh`` writes to ``stdout.log``; ``["cpu"]`` for a run of ``authors_side_by_side.sh``
+    (no such line)."""
+    try:
+        text = (run_dir / "stdout.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    found = re.findall(r"^== \S+: this call \((\w+)\)$", text, re.M)
+    return sorted(set(found)) or ["cpu"]
 
 
 def plot(path: Path, theirs: list[dict[str, Any]], ours: list[dict[str, Any]], title: str) -> None:
@@ -145,8 +158,8 @@ def one_seed(args: argparse.Namespace) -> None:
         print(f"| {step} | " + " | ".join(cells) + " |")
 
     meta = {
-        "command": "benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED; "
-        "benchmarks/side_by_side_sraven.py --variant VARIANT --seed SEED",
+        "command": f"{args.authors_command}; benchmarks/side_by_side_sraven.py --variant VARIANT --seed SEED",
+        "authors_devices": authors_devices(authors_dir),
         "machine": machine(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "authors_commit": authors_commit(args.authors_code, args.authors_mirror),
@@ -158,7 +171,13 @@ def one_seed(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = {"meta": meta, "variant": args.variant, "seed": args.seed, "authors": theirs, "ours": ours}
     out.write_text(json.dumps(curves, indent=1) + "\n")
-    plot(out.with_suffix(".png"), theirs, ours, f"SRAVEN {args.variant}, seed {args.seed}, lr 1e-3, wd 0.1")
+    where = "+".join(meta["authors_devices"])
+    plot(
+        out.with_suffix(".png"),
+        theirs,
+        ours,
+        f"SRAVEN {args.variant}, seed {args.seed}, lr 1e-3, wd 0.1 (theirs: {where})",
+    )
     print(f"\nwrote {out} and {out.with_suffix('.png').name}")
 
 
@@ -211,6 +230,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",")], default=[0, 1, 2])
     ap.add_argument("--dir", type=Path, default=SIDE_BY_SIDE, help="--summary: where the per-seed files are")
     ap.add_argument("--authors-logs", type=Path, default=SIDE_BY_SIDE / "authors")
+    ap.add_argument(
+        "--authors-command",
+        default="benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED",
+        help="what made their logs (recorded in the JSON), e.g. benchmarks/gpu_sraven_verdict.sh",
+    )
     ap.add_argument("--ours-run", type=Path, help="default: the Table A1 paper run of --variant and --seed")
     ap.add_argument("--authors-code", type=Path, default=Path(os.environ.get("AUTHORS_CODE", "/work/authors/code")))
     ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))
