@@ -8,11 +8,17 @@ batches by index, drawing batch ``i`` as their ``SyntheticDataloader`` does (``s
 ``fold_in(PRNGKey(seed), i)``), so a resumed run sees the same problems as an uninterrupted one.
 
 State file: ``<log_dir>/resume.pkl`` = {"state": their ExperimentState, "next_index": next batch index,
-"finished": bool, "config": the config after setup}, written atomically every ``--save_every_minutes``, at
-``--stop_after`` and on SIGTERM/SIGINT (after the current step, including its evaluation, then exit 0; a signal
-that comes before the first step, during the imports, setup or compilation, is acted on after that step). A run
-whose log_dir has it resumes from it and appends to ``event.log``. At the end of the schedule, config.pkl and
-state.pkl are written as by their main(), but state.pkl holds the trained state (theirs holds the initial one).
+"finished": bool, "config": the config after setup, "init_seed": ``--init_seed`` or None}, written atomically
+every ``--save_every_minutes``, at ``--stop_after`` and on SIGTERM/SIGINT (after the current step, including its
+evaluation, then exit 0; a signal that comes before the first step, during the imports, setup or compilation, is
+acted on after that step). A run whose log_dir has it resumes from it and appends to ``event.log``. At the end of
+the schedule, config.pkl and state.pkl are written as by their main(), but state.pkl holds the trained state
+(theirs holds the initial one).
+
+``--init_seed=I`` (a swap of #38 part 3): the initial state from ``PRNGKey(I)`` instead of ``PRNGKey(seed)``, that is
+the initial weights and the random stream of attention dropout (their ``Experiment.reset`` splits both from that
+key), while the held-out split, the training batches and the evaluation problems still follow ``--config.seed``.
+Recorded in the state file; a resume with another value is refused.
 
 ``--stop_after=N``: stop after N updates, except that when loop step N is an evaluation step (their
 ``step % eval_every == 0`` on the loop index), loop step N is run too, so that its evaluation, logged as step
@@ -136,6 +142,7 @@ def main(argv: list[str]) -> int:
 
     flags.DEFINE_integer("stop_after", None, "Stop after this many updates (see the module docstring).")
     flags.DEFINE_float("save_every_minutes", 5.0, "Minutes between saves of <log_dir>/resume.pkl.")
+    flags.DEFINE_integer("init_seed", None, "Initial weights and dropout stream from this seed.")
     FLAGS = flags.FLAGS
     FLAGS(argv)
 
@@ -159,6 +166,8 @@ def main(argv: list[str]) -> int:
         with open(state_path, "rb") as f:
             saved = pickle.load(f)
         diff = config_differences(saved["config"], config.to_dict())
+        if saved.get("init_seed") != FLAGS.init_seed:
+            diff.append(f"--init_seed: saved {saved.get('init_seed')!r}, now {FLAGS.init_seed!r}")
         if diff:
             raise SystemExit(f"{state_path} was made with another config:\n  " + "\n  ".join(diff))
         exp_state, start = saved["state"], saved["next_index"]
@@ -167,7 +176,10 @@ def main(argv: list[str]) -> int:
             return 0
         logging.info(f"Resuming at batch index {start} (step {int(exp_state.step)}) from {state_path}")
     else:
-        exp_state, start = exp.reset(jax.random.PRNGKey(config.seed)), 0
+        init_seed = config.seed if FLAGS.init_seed is None else FLAGS.init_seed
+        exp_state, start = exp.reset(jax.random.PRNGKey(init_seed)), 0
+        if FLAGS.init_seed is not None:
+            logging.info(f"Initial state from seed {init_seed}; split and batches from seed {config.seed}")
         logging.info(f"Running on {jax.default_backend()}")
         logging.info(jtu.tree_map(jnp.shape, exp_state.params["params"]))
         exp.log(0, {"num_params": jax.flatten_util.ravel_pytree(exp_state.params["params"])[0].shape[0]})
@@ -181,7 +193,13 @@ def main(argv: list[str]) -> int:
         return 0
 
     def save(next_index: int, finished: bool = False) -> None:
-        payload = {"state": exp_state, "next_index": next_index, "finished": finished, "config": config.to_dict()}
+        payload = {
+            "state": exp_state,
+            "next_index": next_index,
+            "finished": finished,
+            "config": config.to_dict(),
+            "init_seed": FLAGS.init_seed,
+        }
         save_atomically(config.log_dir, payload)
 
     save_every_s = 60.0 * FLAGS.save_every_minutes

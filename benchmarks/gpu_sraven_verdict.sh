@@ -49,7 +49,8 @@
 #   MINUTES [9]  AUTHORS_MINUTES [all]  RESERVE_S [60]  DEVICE [cuda] | cpu (the CPU test: JAX_PLATFORMS=cpu, ours on cpu)
 #   PYTHON [python3]: ours, with PYTHONPATH=src     AUTHORS_PYTHON [$PYTHON]: theirs, with PYTHONPATH=AUTHORS_SITE
 #   AUTHORS_CODE [.authors/code]  AUTHORS_WHEELS [.authors/wheels]  AUTHORS_SITE [.authors/site-cpXY]
-#   AUTHORS_SEEDS ["0 1 2"; empty: ours only]  AUTHORS_LOGS [results/gpu_sraven_verdict/authors] (relative)
+#   AUTHORS_SEEDS ["0 1 2"; empty: ours only; S:I = data of seed S, initial state of seed I]
+#   AUTHORS_LOGS [results/gpu_sraven_verdict/authors] (relative)
 #   EVAL_EVERY [2500]  LOG_EVERY [250]  EVAL_PROBLEMS [12800]  SAVE_EVERY_MINUTES [2]  AUTHORS_GRACE_S [120]
 #   AUTHORS_EXTRA: more flags for their runs (the CPU test shrinks the model and the schedule with them)
 #   JAX_CACHE [results/gpu_sraven_verdict/jax_cache; empty: none]
@@ -164,10 +165,13 @@ status=0  # 1 once a part failed: the call still goes on, packs what it has and 
 
 # ---- 1. theirs ----------------------------------------------------------------------------------------
 declare -A pid_of=() offset_of=() began_of=() ended_of=()
-authors_dir() { echo "$logs/sraven-hyla-seed$1"; }
+# a run of theirs is named by its seed S, or S:I for the swap of part 3 of #38 (split and batches of seed S, initial
+# weights and dropout stream of seed I: the driver's --init_seed)
+authors_dir() { case $1 in *:*) echo "$logs/sraven-hyla-seed${1%%:*}-init${1#*:}" ;; *) echo "$logs/sraven-hyla-seed$1" ;; esac; }
+init_flag() { case $1 in *:*) echo "--init_seed=${1#*:}" ;; esac; }
 
 launch_authors() {
-  local seed dir envs extra
+  local seed dir envs extra swap
   # their runs see their site dir, not our src/ (both hold a package `hyla`); log_dir is absolute, since the
   # driver imports their run.py from inside their checkout
   envs=(PYTHONPATH="$(abspath "$(site_dir)")" AUTHORS_CODE="$(abspath "$code")" JAX_PLATFORMS="$device"
@@ -187,11 +191,12 @@ launch_authors() {
     offset_of[$seed]=$(stat -c %s "$dir/stdout.log")
     echo "== $stamp: this call ($device)" >> "$dir/stdout.log"
     began_of[$seed]=$(date +%s)
+    read -r -a swap <<< "$(init_flag "$seed")"
     # SIGTERM ignored until the driver's handler replaces that (its first lines): a stop sent earlier is lost,
     # and the stop below is sent again every few seconds
     (trap '' TERM; exec env "${envs[@]}" "$apy" "$here/authors_sraven_resumable.py" \
       "--config=configs/raven.py:raven_3x3_4features;linear_hypatt" \
-      --config.seed="$seed" --config.data.num_test="${EVAL_PROBLEMS:-12800}" \
+      --config.seed="${seed%%:*}" "${swap[@]}" --config.data.num_test="${EVAL_PROBLEMS:-12800}" \
       --config.data.num_ood="${EVAL_PROBLEMS:-12800}" --config.log_dir="$(abspath "$dir")" \
       --eval_every="${EVAL_EVERY:-2500}" --log_every="${LOG_EVERY:-250}" --logger=standard \
       --save_every_minutes="${SAVE_EVERY_MINUTES:-2}" "${extra[@]}" >> "$dir/stdout.log" 2>&1) &

@@ -172,3 +172,49 @@ def test_stop_after_an_evaluation_step_and_on_sigterm(tmp_path: Path, cache: Pat
     assert 19 <= stopped_at < 5000
     log = train(run_dir, cache, 5000, f"--stop_after={stopped_at + 2}")
     assert f"Resuming at batch index {stopped_at} (step {stopped_at})" in log
+
+
+# The parameters of a state file (resume.pkl: {"state": ExperimentState, ...}), leaf by leaf.
+SAME_PARAMS = """
+import os, pickle, sys
+import numpy as np
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+from authors_sraven_resumable import import_their_run
+import_their_run()
+import jax
+a, b = (jax.tree_util.tree_leaves(pickle.load(open(p, "rb"))["state"].params) for p in sys.argv[1:3])
+print(len(a), all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b)))
+"""
+
+
+def test_init_seed_swaps_the_initial_state_and_keeps_the_data(tmp_path: Path, cache: Path) -> None:
+    # lr 0: the weights stay as initialised, so the stopped states show where each run's weights came from
+    swapped, init_4, data_3 = tmp_path / "swapped", tmp_path / "init_4", tmp_path / "data_3"
+    still = ("--config.lr=0", "--stop_after=3")
+    train(swapped, cache, 12, *still, "--init_seed=4")  # TINY: --config.seed=3
+    seed_4 = [a.replace("--config.seed=3", "--config.seed=4") for a in command(init_4, 12, *still)]
+    assert "--config.seed=4" in seed_4
+    assert subprocess.run(seed_4, env=env(cache), capture_output=True, timeout=120).returncode == 0
+    train(data_3, cache, 12, *still)
+
+    def same_params(a: Path, b: Path) -> bool:
+        out = subprocess.run(
+            [str(PYTHON), "-c", SAME_PARAMS, str(a / "resume.pkl"), str(b / "resume.pkl")],
+            env=env(cache),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.split()[1] == "True"
+
+    assert same_params(swapped, init_4)  # the weights of seed 4 ...
+    assert not same_params(swapped, data_3)
+    # ... on the problems of seed 3: the same weights score differently than on seed 4's
+    assert metric_lines(swapped) != metric_lines(init_4)
+
+    # a resume with another init_seed is refused, naming it
+    out = subprocess.run(
+        command(swapped, 12, "--init_seed=5"), env=env(cache), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0 and "--init_seed: saved 4, now 5" in out.stderr + out.stdout

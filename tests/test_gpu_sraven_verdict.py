@@ -28,7 +28,7 @@ AUTHORS_CODE = Path(os.environ.get("AUTHORS_CODE", "/work/authors/code"))
 AUTHORS_PYTHON = AUTHORS_VENV / "bin" / "python"
 HAVE_AUTHORS = AUTHORS_PYTHON.exists() and (AUTHORS_CODE / "run.py").is_file()
 
-SEEDS = (0, 1)  # two at once: on a GPU three
+SEEDS = ("0", "1:0")  # two at once (on a GPU three or more); 1:0 = the data of seed 1, the initial state of seed 0
 BATCH = AUTHORS_TINY_BATCH
 #: their configs/raven.py shrunk, with a schedule of 100,000 steps that no call here finishes
 AUTHORS_EXTRA = [
@@ -72,7 +72,7 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
         code = tmp_path / "authors_code"  # as `prepare` copies it: their checkout is never written to
         shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
         env.update(
-            AUTHORS_SEEDS=" ".join(map(str, SEEDS)),
+            AUTHORS_SEEDS=" ".join(SEEDS),
             AUTHORS_CODE=str(code),
             AUTHORS_PYTHON=str(AUTHORS_PYTHON),
             AUTHORS_SITE=str(tmp_path / "site"),
@@ -123,11 +123,14 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
     if not HAVE_AUTHORS:
         return
     for seed in SEEDS:
-        run = f"{RUNS}/sraven-hyla-seed{seed}"
+        data_seed, _, init_seed = seed.partition(":")
+        run = f"{RUNS}/sraven-hyla-seed{data_seed}" + (f"-init{init_seed}" if init_seed else "")
         assert {f"{run}/event.log", f"{run}/resume.pkl", f"{run}/stdout.log"} <= names
         log_a = (tmp_path / "a" / run / "stdout.log").read_text()
         stopped = int(re.search(r"Signal 15: saved \S+ at batch index (\d+)", log_a).group(1))
         assert stopped == 1
+        swapped = f"Initial state from seed {init_seed}; split and batches from seed {data_seed}"
+        assert (swapped in log_a) == bool(init_seed), log_a[-2000:]
         # the second call resumed where the first stopped, and was stopped again further on
         log_b = (tmp_path / "b" / run / "stdout.log").read_text()
         assert log_b.startswith(log_a)
