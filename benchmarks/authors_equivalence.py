@@ -15,6 +15,10 @@ Three steps, because their code needs its own environment (JAX, flax; never a de
         $AUTHORS_VENV/bin/python benchmarks/authors_equivalence.py theirs --out /tmp/eq
     .venv/bin/python benchmarks/authors_equivalence.py compare --out /tmp/eq
 
+``import-init --their-init FILE.npz --out W.safetensors`` turns their initial draw (written by
+``authors_sraven_resumable.py --dump_init``) into our weights, for ``hyla train sraven train.init_weights=W``: our
+training from their initial weights, on our data and dropout streams (#38, part 3's swap of the initial draw).
+
 ``ours`` writes ``ours.npz`` (weights in their layout, problems, logits, loss, gradients); ``theirs``
 reads it and writes ``theirs.npz``; ``compare`` prints the largest relative difference of each and exits
 non-zero above ``--rtol`` (default :data:`RTOL` of the precision; ``--float64`` makes both codes compute in
@@ -76,6 +80,68 @@ def to_their_layout(state: dict[str, np.ndarray], num_layers: int, num_heads: in
             out[f"{theirs}state_mixer/Dense_{n}/kernel"] = state[f"{ours}ff.{fc}.weight"].T
             out[f"{theirs}state_mixer/Dense_{n}/bias"] = state[f"{ours}ff.{fc}.bias"]
     return out
+
+
+def from_their_layout(params: dict[str, np.ndarray], num_layers: int, num_heads: int) -> dict[str, np.ndarray]:
+    """The inverse of :func:`to_their_layout`: their flat ``a/b/c`` params as our state dict's learned weights."""
+
+    def heads_out(w_IxHxD: np.ndarray) -> np.ndarray:  # (in, H, d) -> (H*d, in)
+        return w_IxHxD.reshape(w_IxHxD.shape[0], -1).T
+
+    out = {
+        "embed.weight": params["embedding/kernel"].T,
+        "embed.bias": params["embedding/bias"],
+        "norm.weight": params["decoder_norm/scale"],
+        "norm.bias": params["decoder_norm/bias"],
+        "readout.weight": params["logitdense/kernel"].T,
+        "readout.bias": params["logitdense/bias"],
+    }
+    for i in range(num_layers):
+        ours, theirs = f"blocks.{i}.", f"transformer_block_{i}/"
+        for n in (1, 2):
+            out[f"{ours}norm{n}.weight"] = params[f"{theirs}norm{n}/scale"]
+            out[f"{ours}norm{n}.bias"] = params[f"{theirs}norm{n}/bias"]
+        out[f"{ours}attn.relative_position.embedding_HxN"] = params[f"{theirs}relative_embedding/rel_embedding"]
+        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+            out[f"{ours}attn.{proj}.weight"] = heads_out(params[f"{theirs}sequence_mixer/{name}/kernel"])
+            out[f"{ours}attn.{proj}.bias"] = params[f"{theirs}sequence_mixer/{name}/bias"].reshape(-1)
+        w_out = params[f"{theirs}sequence_mixer/out/kernel"]  # (H, d, out) -> (out, H*d)
+        out[f"{ours}attn.out_proj.weight"] = w_out.reshape(-1, w_out.shape[-1]).T
+        out[f"{ours}attn.out_proj.bias"] = params[f"{theirs}sequence_mixer/out/bias"]
+        for n, fc in ((0, "fc1"), (1, "fc2")):
+            out[f"{ours}ff.{fc}.weight"] = params[f"{theirs}state_mixer/Dense_{n}/kernel"].T
+            out[f"{ours}ff.{fc}.bias"] = params[f"{theirs}state_mixer/Dense_{n}/bias"]
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def import_init(args: argparse.Namespace) -> None:
+    """Their initial draw (``authors_sraven_resumable.py --dump_init``) as our weights for ``train.init_weights``."""
+    import torch
+
+    from hyla.train.build import build_model, build_task
+    from hyla.train.checkpoint import save_weights
+    from hyla.train.config import load_config
+
+    cfg = load_config("sraven", [f"model.attention={args.variant}"])
+    model = build_model(cfg, build_task(cfg, None))
+    state = model.state_dict()
+    with np.load(args.their_init) as f:
+        params = {k: f[k] for k in f.files}
+    if str(params.pop("__mixer__", MIXERS[args.variant])) != MIXERS[args.variant]:
+        raise ValueError(f"--their-init holds another attention than {MIXERS[args.variant]} (--variant)")
+    try:
+        weights = from_their_layout(params, cfg.model.num_layers, cfg.model.num_heads)
+    except KeyError as err:
+        raise ValueError(f"--their-init lacks their parameter {err} (another model size?)") from err
+    if set(weights) != set(state) or any(weights[k].shape != tuple(state[k].shape) for k in state):
+        differ = sorted(set(state) ^ set(weights)) or [k for k in state if weights[k].shape != tuple(state[k].shape)]
+        raise ValueError(f"--their-init does not fit our {args.variant} SRAVEN model: {differ[:5]}")
+    used = set(to_their_layout(weights, cfg.model.num_layers, cfg.model.num_heads))
+    if used != set(params):
+        raise ValueError(f"--their-init has parameters we do not map: {sorted(set(params) - used)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_weights(args.out, {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()})
+    print(f"wrote {args.out}: {len(weights)} tensors from {args.their_init}")
 
 
 def ours(args: argparse.Namespace) -> None:
@@ -377,8 +443,10 @@ def compare(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("ours", "theirs", "compare"))
-    ap.add_argument("--out", type=Path, required=True, help="folder for ours.npz and theirs.npz")
+    ap.add_argument("step", choices=("ours", "theirs", "compare", "import-init"))
+    ap.add_argument("--out", type=Path, required=True, help="folder for ours.npz and theirs.npz (import-init: file)")
+    ap.add_argument("--their-init", type=Path, help="import-init: their initial params (.npz of --dump_init)")
+    ap.add_argument("--variant", choices=sorted(MIXERS), default="hyla", help="import-init: our attention preset")
     ap.add_argument("--run", type=Path, help="ours: a SRAVEN run directory (its final weights or latest checkpoint)")
     ap.add_argument("--init", choices=sorted(MIXERS), help="ours: a fresh SRAVEN model of this variant instead")
     ap.add_argument("--split", default="ood", help="ours: the problems' split (default ood)")
@@ -400,6 +468,10 @@ def main() -> int:
         ours(args)
     elif args.step == "theirs":
         theirs(args)
+    elif args.step == "import-init":
+        if args.their_init is None:
+            ap.error("import-init: give --their-init FILE.npz")
+        import_init(args)
     else:
         return compare(args)
     return 0

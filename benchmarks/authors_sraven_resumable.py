@@ -20,6 +20,9 @@ the initial weights and the random stream of attention dropout (their ``Experime
 key), while the held-out split, the training batches and the evaluation problems still follow ``--config.seed``.
 Recorded in the state file; a resume with another value is refused.
 
+``--dump_init=FILE.npz``: write the initial params (after ``--init_seed``) and exit without training, for
+``benchmarks/authors_equivalence.py import-init`` (our training from their initial draw).
+
 ``--stop_after=N``: stop after N updates, except that when loop step N is an evaluation step (their
 ``step % eval_every == 0`` on the loop index), loop step N is run too, so that its evaluation, logged as step
 N + 1, is in the log; this is where ``authors_side_by_side.sh authors-sraven`` stopped their unmodified run.
@@ -114,6 +117,20 @@ def last_loop_index(stop_after: int | None, eval_every: int, num_batches: int) -
     return min(last, num_batches - 1)
 
 
+def dump_params(path: str, params: Any, mixer: str) -> None:
+    """Their flax params as a flat .npz (``a/b/c`` names, ``__mixer__`` = their sequence_mixer), which
+    ``benchmarks/authors_equivalence.py import-init`` turns into our weights."""
+    import jax
+    import numpy as np
+
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in path_keys): np.asarray(leaf)
+        for path_keys, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    np.savez(path, __mixer__=np.array(mixer), **flat)
+    logging.info(f"wrote {len(flat)} initial params to {path}")
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Keys whose values differ between two nested config dicts (log_dir excluded: a run dir may be moved)."""
     out = []
@@ -143,6 +160,7 @@ def main(argv: list[str]) -> int:
     flags.DEFINE_integer("stop_after", None, "Stop after this many updates (see the module docstring).")
     flags.DEFINE_float("save_every_minutes", 5.0, "Minutes between saves of <log_dir>/resume.pkl.")
     flags.DEFINE_integer("init_seed", None, "Initial weights and dropout stream from this seed.")
+    flags.DEFINE_string("dump_init", None, "Write the initial params (flat a/b/c names) to this .npz and exit.")
     FLAGS = flags.FLAGS
     FLAGS(argv)
 
@@ -180,6 +198,9 @@ def main(argv: list[str]) -> int:
         exp_state, start = exp.reset(jax.random.PRNGKey(init_seed)), 0
         if FLAGS.init_seed is not None:
             logging.info(f"Initial state from seed {init_seed}; split and batches from seed {config.seed}")
+        if FLAGS.dump_init:
+            dump_params(FLAGS.dump_init, exp_state.params["params"], config.model.sequence_mixer)
+            return 0
         logging.info(f"Running on {jax.default_backend()}")
         logging.info(jtu.tree_map(jnp.shape, exp_state.params["params"]))
         exp.log(0, {"num_params": jax.flatten_util.ravel_pytree(exp_state.params["params"])[0].shape[0]})

@@ -91,3 +91,14 @@ def test_compare_fails_a_zero_gradient_that_is_not_noise(tmp_path: Path) -> None
     write_results(tmp_path, grad_noise=0.0, zero_grad_noise=1e-6, dtype=np.float64)  # not below ZERO_GRADIENT
     result = compare(tmp_path)
     assert result.returncode == 1 and "c/bias" in result.stdout.split("above rtol")[1]
+
+
+def test_their_layout_back_to_ours_is_the_identity() -> None:
+    from authors_equivalence import from_their_layout
+
+    cfg = load_config("sraven", ["model.num_layers=2"])
+    state = {k: v.detach().numpy() for k, v in build_model(cfg, build_task(cfg)).state_dict().items()}
+    back = from_their_layout(to_their_layout(state, 2, cfg.model.num_heads), 2, cfg.model.num_heads)
+    assert set(back) == set(state)
+    for k, v in state.items():
+        np.testing.assert_array_equal(back[k], v, err_msg=k)

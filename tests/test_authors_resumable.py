@@ -10,9 +10,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL
@@ -218,3 +220,45 @@ def test_init_seed_swaps_the_initial_state_and_keeps_the_data(tmp_path: Path, ca
         command(swapped, 12, "--init_seed=5"), env=env(cache), capture_output=True, text=True, timeout=120
     )
     assert out.returncode != 0 and "--init_seed: saved 4, now 5" in out.stderr + out.stdout
+
+
+def test_their_initial_draw_becomes_our_weights(tmp_path: Path, cache: Path) -> None:
+    # the paper's SRAVEN size (import-init maps onto our configs/sraven.yaml model), no training
+    dump = tmp_path / "init.npz"
+    out = subprocess.run(
+        [
+            str(PYTHON),
+            str(SCRIPT),
+            "--config=configs/raven.py:raven_3x3_4features;linear_hypatt",
+            "--config.seed=3",
+            f"--config.log_dir={tmp_path / 'run'}",
+            "--logger=standard",
+            f"--dump_init={dump}",
+        ],
+        env=env(cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not (tmp_path / "run" / "resume.pkl").exists()  # nothing trained
+    weights = tmp_path / "init.safetensors"
+    tool = REPO / "benchmarks" / "authors_equivalence.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), "import-init", "--their-init", str(dump), "--out", str(weights)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from safetensors.numpy import load_file
+
+    ours, theirs = load_file(str(weights)), dict(np.load(dump))
+    assert str(theirs.pop("__mixer__")) == "linear_hypatt"
+    sys.path.insert(0, str(tool.parent))
+    from authors_equivalence import to_their_layout
+
+    again = to_their_layout(ours, num_layers=4, num_heads=16)
+    assert set(again) == set(theirs)
+    for k, v in theirs.items():
+        np.testing.assert_array_equal(again[k], v, err_msg=k)

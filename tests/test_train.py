@@ -347,3 +347,44 @@ def test_compiled_code_is_kept_apart_per_cpu_dispatch(tmp_path: Path) -> None:
     # (the shared folder may still get Inductor's precompiled headers, made before any compile)
     compiled = {p.name.split("-", 1)[1] for p in tmp_path.glob("torchinductor_*-*") if any(p.rglob("*.so"))}
     assert compiled == {f"{own}-native", f"{other}-native"}
+
+
+def initial_draw(args: list[str], path: Path) -> Path:
+    """The weights a run of ``args`` starts from, saved as ``train.init_weights`` reads them."""
+    from hyla.train.build import build_model, build_task
+    from hyla.train.checkpoint import save_weights
+
+    cfg = load_config(args[0], args[1:])
+    save_weights(path, build_model(cfg, build_task(cfg)).state_dict())
+    return path
+
+
+def test_init_weights_replaces_the_initial_draw_and_nothing_else(tmp_path: Path) -> None:
+    def train(name: str, args: list[str]) -> list[dict]:
+        assert main(["train", *args, "--out", str(tmp_path / name), "--quiet"]) == 0
+        return read_metrics(tmp_path / name)
+
+    def plain(seed: int) -> list[str]:
+        return tiny("sraven", steps=6, seed=seed, **{"model.attention": "hyla", "model.attention_dropout": 0.1})
+
+    # a run given its own initial draw is the run itself: the data and dropout streams are untouched
+    own = initial_draw(plain(0), tmp_path / "seed0.safetensors")
+    assert train("given_own", [*plain(0), f"train.init_weights={own}"]) == train("plain", plain(0))
+    # seed 0 from seed 7's draw is seed 7 on seed 0's data (dropout off: its stream follows the seed)
+    no_dropout = {"model.attention": "hyla", "model.attention_dropout": 0}
+    seed7 = initial_draw(tiny("sraven", seed=7, **no_dropout), tmp_path / "seed7.safetensors")
+    swapped = train("swapped", tiny("sraven", steps=6, seed=0, **no_dropout, **{"train.init_weights": seed7}))
+    data_seed0 = {"train.data_seed": ExperimentConfig(seed=0).data_seed}
+    assert swapped == train("seed7_on_data0", tiny("sraven", steps=6, seed=7, **no_dropout, **data_seed0))
+    assert swapped != train("seed0", tiny("sraven", steps=6, seed=0, **no_dropout))
+
+
+def test_init_weights_errors_name_the_option(tmp_path: Path) -> None:
+    def trainer(weights: Path, out: str) -> Trainer:
+        return Trainer(load_config("sraven", [*tiny("sraven")[1:], f"train.init_weights={weights}"]), tmp_path / out)
+
+    with pytest.raises(ValueError, match=r"train\.init_weights=.*no such file"):
+        trainer(tmp_path / "none", "a")
+    fuzzy = initial_draw(tiny("fuzzy_logic"), tmp_path / "fuzzy.safetensors")  # another task: other shapes
+    with pytest.raises(ValueError, match=r"train\.init_weights=.*does not fit the model"):
+        trainer(fuzzy, "b")

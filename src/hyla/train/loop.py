@@ -31,6 +31,7 @@ from hyla.train.checkpoint import (
     config_differences,
     latest_checkpoint,
     load_checkpoint,
+    load_weights,
     save_checkpoint,
     save_weights,
 )
@@ -161,12 +162,35 @@ class Trainer:
         ckpts = [check_new_or_resumable(run.out, resume) for run in self.runs]
         if resume:
             self._restore([load_checkpoint(c) for c in ckpts if c is not None])
+        if self.step == 0:
+            self._load_initial_weights()
         if self.dist.is_main:
             for run in self.runs:
                 write_config(run.out, run.cfg)
                 if hasattr(self.task, "save_tokenizer"):
                     self.task.save_tokenizer(run.out / "tokenizer.json")
                 truncate_metrics_after(run.out, self.step)
+
+    def _load_initial_weights(self) -> None:
+        """``train.init_weights``: a fresh run's model takes these weights; its optimizer and random streams stay
+        as built (the weights are copied into the built model, so nothing else draws differently)."""
+        for r, run in enumerate(self.runs):
+            path = run.cfg.train.init_weights
+            if path is None:
+                continue
+            if not Path(path).is_file():
+                raise ValueError(f"train.init_weights={path!r}: no such file (a safetensors of the model's weights)")
+            model, optimizer, rng = self.engine.export_run(r, 0)
+            weights = load_weights(Path(path))
+            if set(weights) != set(model) or any(weights[k].shape != model[k].shape for k in model):
+                missing, extra = sorted(set(model) - set(weights)), sorted(set(weights) - set(model))
+                shapes = [k for k in set(model) & set(weights) if weights[k].shape != model[k].shape]
+                raise ValueError(
+                    f"train.init_weights={path!r} does not fit the model: missing {missing[:5]}, unexpected "
+                    f"{extra[:5]}, other shapes {sorted(shapes)[:5]}"
+                )
+            weights = {k: v.to(model[k].dtype) for k, v in weights.items()}
+            self.engine.load_run(r, TrainingState(0, run.cfg.to_dict(), weights, optimizer, rng, {}))
 
     def _restore(self, states: list[TrainingState]) -> None:
         acc: list[dict[str, Tensor]] = []
