@@ -50,68 +50,75 @@ if TYPE_CHECKING:  # ours only: the ``theirs`` step runs in the authors' venv, w
 MIXERS = {"hyla": "linear_hypatt", "softmax": "softmax_attention", "linear": "linear_attention"}
 
 
-def to_their_layout(state: dict[str, np.ndarray], num_layers: int, num_heads: int) -> dict[str, np.ndarray]:
-    """Our state dict (torch names, Linear weights (out, in)) as flat ``a/b/c`` paths of their params."""
+Reshape = Callable[[np.ndarray], np.ndarray]
+
+
+def _same(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+def _transposed(w: np.ndarray) -> np.ndarray:
+    return w.T
+
+
+def layout_pairs(num_layers: int, num_heads: int) -> list[tuple[str, str, Reshape, Reshape]]:
+    """(our state-dict name, their flat ``a/b/c`` name, ours -> theirs, theirs -> ours) for every parameter."""
 
     def heads_in(w_OxI: np.ndarray) -> np.ndarray:  # (H*d, in) -> (in, H, d)
         return w_OxI.T.reshape(w_OxI.shape[1], num_heads, -1)
 
-    out = {
-        "embedding/kernel": state["embed.weight"].T,
-        "embedding/bias": state["embed.bias"],
-        "decoder_norm/scale": state["norm.weight"],
-        "decoder_norm/bias": state["norm.bias"],
-        "logitdense/kernel": state["readout.weight"].T,
-        "logitdense/bias": state["readout.bias"],
-    }
+    def heads_in_back(w_IxHxD: np.ndarray) -> np.ndarray:  # (in, H, d) -> (H*d, in)
+        return w_IxHxD.reshape(w_IxHxD.shape[0], -1).T
+
+    def heads_bias(b_O: np.ndarray) -> np.ndarray:  # (H*d,) -> (H, d)
+        return b_O.reshape(num_heads, -1)
+
+    def flat(b_HxD: np.ndarray) -> np.ndarray:
+        return b_HxD.reshape(-1)
+
+    def heads_out(w_OxI: np.ndarray) -> np.ndarray:  # (out, H*d) -> (H, d, out)
+        return w_OxI.T.reshape(num_heads, -1, w_OxI.shape[0])
+
+    def heads_out_back(w_HxDxO: np.ndarray) -> np.ndarray:  # (H, d, out) -> (out, H*d)
+        return w_HxDxO.reshape(-1, w_HxDxO.shape[-1]).T
+
+    pairs = [
+        ("embed.weight", "embedding/kernel", _transposed, _transposed),
+        ("embed.bias", "embedding/bias", _same, _same),
+        ("norm.weight", "decoder_norm/scale", _same, _same),
+        ("norm.bias", "decoder_norm/bias", _same, _same),
+        ("readout.weight", "logitdense/kernel", _transposed, _transposed),
+        ("readout.bias", "logitdense/bias", _same, _same),
+    ]
     for i in range(num_layers):
         ours, theirs = f"blocks.{i}.", f"transformer_block_{i}/"
         for n in (1, 2):
-            out[f"{theirs}norm{n}/scale"] = state[f"{ours}norm{n}.weight"]
-            out[f"{theirs}norm{n}/bias"] = state[f"{ours}norm{n}.bias"]
-        out[f"{theirs}relative_embedding/rel_embedding"] = state[f"{ours}attn.relative_position.embedding_HxN"]
+            pairs.append((f"{ours}norm{n}.weight", f"{theirs}norm{n}/scale", _same, _same))
+            pairs.append((f"{ours}norm{n}.bias", f"{theirs}norm{n}/bias", _same, _same))
+        rel = (f"{ours}attn.relative_position.embedding_HxN", f"{theirs}relative_embedding/rel_embedding")
+        pairs.append((*rel, _same, _same))
         for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            out[f"{theirs}sequence_mixer/{name}/kernel"] = heads_in(state[f"{ours}attn.{proj}.weight"])
-            out[f"{theirs}sequence_mixer/{name}/bias"] = state[f"{ours}attn.{proj}.bias"].reshape(num_heads, -1)
-        w_out = state[f"{ours}attn.out_proj.weight"]  # (out, H*d) -> (H, d, out)
-        out[f"{theirs}sequence_mixer/out/kernel"] = w_out.T.reshape(num_heads, -1, w_out.shape[0])
-        out[f"{theirs}sequence_mixer/out/bias"] = state[f"{ours}attn.out_proj.bias"]
+            mixer = f"{theirs}sequence_mixer/{name}"
+            pairs.append((f"{ours}attn.{proj}.weight", f"{mixer}/kernel", heads_in, heads_in_back))
+            pairs.append((f"{ours}attn.{proj}.bias", f"{mixer}/bias", heads_bias, flat))
+        pairs.append((f"{ours}attn.out_proj.weight", f"{theirs}sequence_mixer/out/kernel", heads_out, heads_out_back))
+        pairs.append((f"{ours}attn.out_proj.bias", f"{theirs}sequence_mixer/out/bias", _same, _same))
         for n, fc in ((0, "fc1"), (1, "fc2")):
-            out[f"{theirs}state_mixer/Dense_{n}/kernel"] = state[f"{ours}ff.{fc}.weight"].T
-            out[f"{theirs}state_mixer/Dense_{n}/bias"] = state[f"{ours}ff.{fc}.bias"]
-    return out
+            dense = f"{theirs}state_mixer/Dense_{n}"
+            pairs.append((f"{ours}ff.{fc}.weight", f"{dense}/kernel", _transposed, _transposed))
+            pairs.append((f"{ours}ff.{fc}.bias", f"{dense}/bias", _same, _same))
+    return pairs
+
+
+def to_their_layout(state: dict[str, np.ndarray], num_layers: int, num_heads: int) -> dict[str, np.ndarray]:
+    """Our state dict (torch names, Linear weights (out, in)) as flat ``a/b/c`` paths of their params."""
+    return {theirs: to_theirs(state[ours]) for ours, theirs, to_theirs, _ in layout_pairs(num_layers, num_heads)}
 
 
 def from_their_layout(params: dict[str, np.ndarray], num_layers: int, num_heads: int) -> dict[str, np.ndarray]:
     """The inverse of :func:`to_their_layout`: their flat ``a/b/c`` params as our state dict's learned weights."""
-
-    def heads_out(w_IxHxD: np.ndarray) -> np.ndarray:  # (in, H, d) -> (H*d, in)
-        return w_IxHxD.reshape(w_IxHxD.shape[0], -1).T
-
-    out = {
-        "embed.weight": params["embedding/kernel"].T,
-        "embed.bias": params["embedding/bias"],
-        "norm.weight": params["decoder_norm/scale"],
-        "norm.bias": params["decoder_norm/bias"],
-        "readout.weight": params["logitdense/kernel"].T,
-        "readout.bias": params["logitdense/bias"],
-    }
-    for i in range(num_layers):
-        ours, theirs = f"blocks.{i}.", f"transformer_block_{i}/"
-        for n in (1, 2):
-            out[f"{ours}norm{n}.weight"] = params[f"{theirs}norm{n}/scale"]
-            out[f"{ours}norm{n}.bias"] = params[f"{theirs}norm{n}/bias"]
-        out[f"{ours}attn.relative_position.embedding_HxN"] = params[f"{theirs}relative_embedding/rel_embedding"]
-        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            out[f"{ours}attn.{proj}.weight"] = heads_out(params[f"{theirs}sequence_mixer/{name}/kernel"])
-            out[f"{ours}attn.{proj}.bias"] = params[f"{theirs}sequence_mixer/{name}/bias"].reshape(-1)
-        w_out = params[f"{theirs}sequence_mixer/out/kernel"]  # (H, d, out) -> (out, H*d)
-        out[f"{ours}attn.out_proj.weight"] = w_out.reshape(-1, w_out.shape[-1]).T
-        out[f"{ours}attn.out_proj.bias"] = params[f"{theirs}sequence_mixer/out/bias"]
-        for n, fc in ((0, "fc1"), (1, "fc2")):
-            out[f"{ours}ff.{fc}.weight"] = params[f"{theirs}state_mixer/Dense_{n}/kernel"].T
-            out[f"{ours}ff.{fc}.bias"] = params[f"{theirs}state_mixer/Dense_{n}/bias"]
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+    pairs = layout_pairs(num_layers, num_heads)
+    return {ours: np.ascontiguousarray(to_ours(params[theirs])) for ours, theirs, _, to_ours in pairs}
 
 
 def import_init(args: argparse.Namespace) -> None:
