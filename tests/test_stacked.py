@@ -480,3 +480,29 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
     assert all(v.abs().sum() == 0 for v in engine.sums.sums_R.values())
     plain.close()
     body.close()
+
+
+def test_stacked_runs_take_their_own_init_weights(tmp_path: Path) -> None:
+    from hyla.train.build import build_model, build_task
+    from hyla.train.checkpoint import save_weights
+
+    cfgs = [load_config("sraven", [*TINY, "model.attention=hyla", f"seed={s}"]) for s in (0, 1)]
+    draws = []
+    for cfg in cfgs:
+        draws.append(tmp_path / f"seed{cfg.seed}.safetensors")
+        save_weights(draws[-1], build_model(cfg, build_task(cfg)).state_dict())
+
+    def stack(name: str, *weights: Path | None) -> list[list[dict]]:
+        given = []
+        for cfg, w in zip(cfgs, weights):
+            extra = [f"train.init_weights={w}"] if w else []
+            given.append(load_config("sraven", [*TINY, "model.attention=hyla", f"seed={cfg.seed}", *extra]))
+        trainer = Trainer(given, [tmp_path / name / str(r) for r in range(2)], engine="stacked", quiet=True)
+        trainer.run()
+        trainer.close()
+        return [metrics(tmp_path / name / str(r)) for r in range(2)]
+
+    plain = stack("plain", None, None)
+    assert stack("own", None, draws[1]) == plain  # a run given its own draw is itself, beside one that is not given
+    swapped = stack("swapped", draws[1], draws[0])
+    assert swapped[0] != plain[0] and swapped[1] != plain[1]

@@ -51,6 +51,7 @@ STACKABLE_KEYS = (
     "seed",
     "name",
     "train.data_seed",
+    "train.init_weights",
     "train.lr",
     "train.weight_decay",
     "train.warmup_steps",
