@@ -19,7 +19,7 @@
 # Each call spends its MINUTES in this order:
 #   1. the authors' code (their run.py's setup and Experiment.run loop through benchmarks/authors_sraven_resumable.py;
 #      configs/raven.py unchanged: linear_hypatt, lr 1e-3, wd 0.1, warmup 1000, the full 156,250-step schedule),
-#      seeds AUTHORS_SEEDS (0 1 2) as concurrent processes on the one GPU, evaluating every 2,500 steps on
+#      seeds AUTHORS_SEEDS (0 1 2, and the swaps 0:1 1:0) as concurrent processes on the one GPU, evaluating every 2,500 steps on
 #      12,800 problems per split, logging every 250; stopped with SIGTERM (they save resume.pkl and exit) when
 #      AUTHORS_MINUTES (default: the whole call) are spent; their steps/s (train_steps_per_sec in event.log) is
 #      printed;
@@ -49,7 +49,7 @@
 #   MINUTES [9]  AUTHORS_MINUTES [all]  RESERVE_S [60]  DEVICE [cuda] | cpu (the CPU test: JAX_PLATFORMS=cpu, ours on cpu)
 #   PYTHON [python3]: ours, with PYTHONPATH=src     AUTHORS_PYTHON [$PYTHON]: theirs, with PYTHONPATH=AUTHORS_SITE
 #   AUTHORS_CODE [.authors/code]  AUTHORS_WHEELS [.authors/wheels]  AUTHORS_SITE [.authors/site-cpXY]
-#   AUTHORS_SEEDS ["0 1 2"; empty: ours only; S:I = data of seed S, initial state of seed I]
+#   AUTHORS_SEEDS ["0 1 2 0:1 1:0"; empty: ours only; S:I = data of seed S, initial state of seed I]
 #   AUTHORS_LOGS [results/gpu_sraven_verdict/authors] (relative)
 #   EVAL_EVERY [2500]  LOG_EVERY [250]  EVAL_PROBLEMS [12800]  SAVE_EVERY_MINUTES [2]  AUTHORS_GRACE_S [120]
 #   AUTHORS_EXTRA: more flags for their runs (the CPU test shrinks the model and the schedule with them)
@@ -65,7 +65,7 @@ code=${AUTHORS_CODE:-.authors/code}
 wheels=${AUTHORS_WHEELS:-.authors/wheels}
 verdict=results/gpu_sraven_verdict
 logs=${AUTHORS_LOGS:-$verdict/authors}
-read -r -a seeds <<< "${AUTHORS_SEEDS-0 1 2}"
+read -r -a seeds <<< "${AUTHORS_SEEDS-0 1 2 0:1 1:0}"
 
 prepare() {  # here: their code and the wheels into .authors/ (git-ignored)
   local src=${AUTHORS_SRC:-/work/authors/code} pip=${AUTHORS_VENV:-/work/authors/venv}/bin/pip
