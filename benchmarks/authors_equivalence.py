@@ -131,24 +131,25 @@ def import_init(args: argparse.Namespace) -> None:
 
     cfg = load_config("sraven", [f"model.attention={args.variant}"])
     model = build_model(cfg, build_task(cfg, None))
-    state = model.state_dict()
     with np.load(args.their_init) as f:
         params = {k: f[k] for k in f.files}
     if str(params.pop("__mixer__", MIXERS[args.variant])) != MIXERS[args.variant]:
         raise ValueError(f"--their-init holds another attention than {MIXERS[args.variant]} (--variant)")
+    pairs = layout_pairs(cfg.model.num_layers, cfg.model.num_heads)
+    unmapped = sorted(set(params) - {theirs for _, theirs, _, _ in pairs})
+    if unmapped:
+        raise ValueError(f"--their-init has parameters we do not map: {unmapped[:5]}")
     try:
         weights = from_their_layout(params, cfg.model.num_layers, cfg.model.num_heads)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     except KeyError as err:
         raise ValueError(f"--their-init lacks their parameter {err} (another model size?)") from err
-    if set(weights) != set(state) or any(weights[k].shape != tuple(state[k].shape) for k in state):
-        differ = sorted(set(state) ^ set(weights)) or [k for k in state if weights[k].shape != tuple(state[k].shape)]
-        raise ValueError(f"--their-init does not fit our {args.variant} SRAVEN model: {differ[:5]}")
-    used = set(to_their_layout(weights, cfg.model.num_layers, cfg.model.num_heads))
-    if used != set(params):
-        raise ValueError(f"--their-init has parameters we do not map: {sorted(set(params) - used)}")
+    except RuntimeError as err:  # load_state_dict names the missing, unexpected and mis-shaped keys
+        raise ValueError(f"--their-init does not fit our {args.variant} SRAVEN model: {err}") from err
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_weights(args.out, {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()})
-    print(f"wrote {args.out}: {len(weights)} tensors from {args.their_init}")
+    save_weights(args.out, model.state_dict())
+    norm = torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm().item()
+    print(f"wrote {args.out}: {len(weights)} tensors from {args.their_init}, parameter norm {norm:.4f}")
 
 
 def ours(args: argparse.Namespace) -> None:

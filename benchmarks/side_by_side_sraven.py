@@ -24,7 +24,7 @@ The held-out rule combinations differ between the two codes for the same seed (t
 the 330 combinations, ours: numpy's), 82 of 330 in both.
 
 Usage: .venv/bin/python benchmarks/side_by_side_sraven.py [--variant hyla] [--seed 0] [--authors-logs DIR]
-       [--ours-run RUN_DIR] [--out FILE]
+       [--ours-run RUN_DIR] [--bin 1000] [--out FILE]
        .venv/bin/python benchmarks/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
 """
 
@@ -62,13 +62,13 @@ def parse_ours(run_dir: Path, last_step: int) -> list[dict[str, Any]]:
     return out
 
 
-def training_bins(curve: list[dict[str, Any]], last_step: int) -> dict[int, dict[str, float]]:
-    """Mean of each training metric over the ``train_batch`` points in each full bin up to ``last_step``
-    (bin end -> means; a metric no point of the bin has is left out)."""
+def training_bins(curve: list[dict[str, Any]], last_step: int, width: int = BIN) -> dict[int, dict[str, float]]:
+    """Mean of each training metric over the ``train_batch`` points in each full bin of ``width`` updates up to
+    ``last_step`` (bin end -> means; a metric no point of the bin has is left out)."""
     bins: dict[int, list[dict[str, Any]]] = {}
     for p in curve:
         if p["split"] == "train_batch" and 0 < p["step"] <= last_step:
-            bins.setdefault(-(-p["step"] // BIN) * BIN, []).append(p)
+            bins.setdefault(-(-p["step"] // width) * width, []).append(p)
     out = {}
     for end, ps in sorted(bins.items()):
         if end <= last_step:
@@ -132,8 +132,8 @@ def one_seed(args: argparse.Namespace) -> None:
     last = max(p["step"] for p in theirs)  # updates they made
     ours = parse_ours(ours_run, last)
 
-    their_bins, our_bins = training_bins(theirs, last), training_bins(ours, last)
-    print(f"Training batches ({args.variant}, seed {args.seed}), mean per {BIN}-update bin (authors / ours):\n")
+    their_bins, our_bins = training_bins(theirs, last, args.bin), training_bins(ours, last, args.bin)
+    print(f"Training batches ({args.variant}, seed {args.seed}), mean per {args.bin}-update bin (authors / ours):\n")
     print("| updates | loss | acc (%) | gradient norm | parameter norm |")
     print("|---|---|---|---|---|")
     for end in sorted(set(their_bins) & set(our_bins)):
@@ -144,7 +144,7 @@ def one_seed(args: argparse.Namespace) -> None:
             f"{cell(a, 'grad_norm', digits=2)} / {cell(o, 'grad_norm', digits=2)}",
             f"{cell(a, 'param_norm', digits=2)} / {cell(o, 'param_norm', digits=2)}",
         ]
-        print(f"| {end - BIN + 1}-{end} | " + " | ".join(cells) + " |")
+        print(f"| {end - args.bin + 1}-{end} | " + " | ".join(cells) + " |")
     their_evals, our_evals = evaluations(theirs, True), evaluations(ours, False)
     print("\nEvaluation accuracy (%, all four answer features right; '-' = no evaluation at that step):\n")
     print("| step | test: authors | test: ours | ood: authors | ood: ours |")
@@ -235,6 +235,7 @@ def main() -> None:
         default="benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED",
         help="what made their logs (recorded in the JSON), e.g. benchmarks/gpu_sraven_verdict.sh",
     )
+    ap.add_argument("--bin", type=int, default=BIN, help="updates per bin of the training table (default 1000)")
     ap.add_argument("--ours-run", type=Path, help="default: the Table A1 paper run of --variant and --seed")
     ap.add_argument("--authors-code", type=Path, default=Path(os.environ.get("AUTHORS_CODE", "/work/authors/code")))
     ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))

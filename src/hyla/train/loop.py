@@ -180,17 +180,13 @@ class Trainer:
                 continue
             if not Path(path).is_file():
                 raise ValueError(f"train.init_weights={path!r}: no such file (a safetensors of the model's weights)")
-            model, optimizer, rng = self.engine.export_run(r, 0)
-            weights = load_weights(Path(path))
-            if set(weights) != set(model) or any(weights[k].shape != model[k].shape for k in model):
-                missing, extra = sorted(set(model) - set(weights)), sorted(set(weights) - set(model))
-                shapes = [k for k in set(model) & set(weights) if weights[k].shape != model[k].shape]
-                raise ValueError(
-                    f"train.init_weights={path!r} does not fit the model: missing {missing[:5]}, unexpected "
-                    f"{extra[:5]}, other shapes {sorted(shapes)[:5]}"
+            _, optimizer, rng = self.engine.export_run(r, 0)
+            try:
+                self.engine.load_run(
+                    r, TrainingState(0, run.cfg.to_dict(), load_weights(Path(path)), optimizer, rng, {})
                 )
-            weights = {k: v.to(model[k].dtype) for k, v in weights.items()}
-            self.engine.load_run(r, TrainingState(0, run.cfg.to_dict(), weights, optimizer, rng, {}))
+            except CheckpointError as err:  # load_state_dict's message names the missing and mis-shaped keys
+                raise ValueError(f"train.init_weights={path!r} does not fit the model: {err}") from err
 
     def _restore(self, states: list[TrainingState]) -> None:
         acc: list[dict[str, Tensor]] = []
