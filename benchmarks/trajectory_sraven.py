@@ -66,29 +66,48 @@ def ours(args: argparse.Namespace) -> None:
 
     from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
     from hyla.train.build import build_model, build_task
-    from hyla.train.config import load_config
+    from hyla.train.checkpoint import load_checkpoint
+    from hyla.train.config import config_with_overrides, load_config
     from hyla.train.engine import global_norms_R
     from hyla.train.optim import build_optimizer, lr_at
 
     torch.set_num_threads(1)
-    overrides = [f"model.attention={args.variant}", f"seed={args.seed}"]
-    overrides += [] if args.dropout else ["model.attention_dropout=0"]
-    cfg = load_config("sraven", [*overrides, f"model.attention_backend={args.backend}", *args.set])
+    overrides = [] if args.dropout else ["model.attention_dropout=0"]
+    overrides += [f"model.attention_backend={args.backend}", *args.set]
+    start = load_checkpoint(args.start) if args.start is not None else None
+    if start is None:
+        cfg = load_config("sraven", [f"model.attention={args.variant}", f"seed={args.seed}", *overrides])
+    else:  # the run's own config (its schedule, seed, attention), with the comparison's overrides
+        cfg = config_with_overrides(start.config, overrides)
+        if cfg.data.task != "sraven" or cfg.model.attention not in MIXERS:
+            raise ValueError(f"--start {args.start}: a SRAVEN run of one of {sorted(MIXERS)} is needed")
     task = build_task(cfg, None)
     model = build_model(cfg, task)
     dtype = torch.float64 if args.float64 else torch.float32
+    if start is not None:
+        model.load_state_dict(start.model)
     model = model.to(dtype).train()
     layout = {"num_layers": cfg.model.num_layers, "num_heads": cfg.model.num_heads}
     state0 = to_their_layout({k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, **layout)
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     gen = torch.Generator().manual_seed(cfg.data_seed * 1009)  # as the engine's data generator of rank 0
-    drop_gen = torch.Generator().manual_seed(args.seed)
+    drop_gen = torch.Generator().manual_seed(cfg.seed)
+    start_step, adam = 0, {}
+    if start is not None:  # AdamW's moments and step count (cast to the parameters' dtype) and the run's batches
+        optimizer.load_state_dict(start.optimizer)
+        gen.set_state(start.rng["data_rank0"].to(torch.uint8))
+        start_step = start.step
+        named = dict(model.named_parameters())
+        for moment, key in (("mu", "exp_avg"), ("nu", "exp_avg_sq")):
+            by_name = {n: optimizer.state[p][key].numpy().copy() for n, p in named.items()}
+            adam |= {f"{moment}/{k}": v for k, v in to_their_layout(by_name, **layout).items()}
     mask_shapes = model.dropout_mask_shapes(task.seq_len, task.num_output_positions) if args.dropout else []
     keeps: list[np.ndarray] = []  # per update, every layer's keep-mask as T x T (theirs computes every query)
     keep = set(snapshot_steps(args.steps))
     xs, ys, losses, grad_norms, param_norms, lrs, snaps = [], [], [], [], [], [], {}
-    start = time.perf_counter()
-    for step in range(args.steps):  # as LoneEngine.train_step makes update step + 1
+    began = time.perf_counter()
+    for i in range(args.steps):
+        step = start_step + i  # as LoneEngine.train_step makes update step + 1
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -109,13 +128,13 @@ def ours(args: argparse.Namespace) -> None:
         lrs.append(lr)
         xs.append(batch.inputs.numpy().astype(np.uint8))
         ys.append(batch.targets.numpy().astype(np.int8))
-        if step + 1 in keep:
+        if i + 1 in keep:
             now = to_their_layout({k: v.detach().numpy() for k, v in model.state_dict().items()}, **layout)
-            snaps[step + 1] = flat(now)
-        if (step + 1) % 100 == 0:
-            print(f"ours: {step + 1}/{args.steps} loss {loss.item():.6f} ({time.perf_counter() - start:.0f} s)")
+            snaps[i + 1] = flat(now)
+        if (i + 1) % 100 == 0:
+            print(f"ours: {i + 1}/{args.steps} loss {loss.item():.6f} ({time.perf_counter() - began:.0f} s)")
     args.out.mkdir(parents=True, exist_ok=True)
-    save_steps(args.out / f"{args.name}_steps.npz", losses, grad_norms, param_norms, lrs, snaps)
+    save_steps(args.out / f"{args.name}_steps.npz", losses, grad_norms, param_norms, lrs, snaps, start_step)
     if args.name != "ours":  # a control run of ours (e.g. another backend) on the batches of "ours"
         print(f"wrote {args.out}/{args.name}_steps.npz")
         return
@@ -123,13 +142,19 @@ def ours(args: argparse.Namespace) -> None:
         args.out / "ours_batches.npz",
         x=np.stack(xs),
         y=np.stack(ys),
-        mixer=np.array(MIXERS[args.variant]),
+        mixer=np.array(MIXERS[cfg.model.attention]),
         float64=np.bool_(args.float64),
         steps=np.int64(cfg.train.steps),
+        peak_lr=np.float64(cfg.train.lr),
+        warmup_steps=np.int64(cfg.train.warmup_steps),
+        weight_decay=np.float64(cfg.train.weight_decay),
+        start_step=np.int64(start_step),
+        **adam,
         **({"keep": np.stack(keeps)} if keeps else {}),
         **{f"param/{k}": v for k, v in state0.items()},
     )
-    print(f"wrote {args.out}/ours_*.npz: {args.steps} updates of {args.variant}, seed {args.seed}")
+    updates = f"updates {start_step + 1}-{start_step + args.steps}"
+    print(f"wrote {args.out}/ours_*.npz: {updates} of {cfg.model.attention}, seed {cfg.seed}")
 
 
 def save_steps(
@@ -139,10 +164,13 @@ def save_steps(
     param_norms: list[float],
     lrs: list[float],
     snaps: dict[int, np.ndarray],
+    start_step: int,
 ) -> None:
-    """One code's trajectory: per update (index i = update i + 1) and the kept parameter vectors."""
+    """One code's trajectory: per update (index i = update ``start_step + i + 1``) and the kept parameter
+    vectors (keyed by the update's index within the window, 1 = the first)."""
     np.savez(
         path,
+        start_step=np.int64(start_step),
         loss=np.array(losses),
         grad_norm=np.array(grad_norms),
         param_norm=np.array(param_norms),
@@ -166,8 +194,8 @@ def theirs(args: argparse.Namespace) -> None:
     params = unflatten_dict(
         {k[len("param/") :]: jnp.asarray(v, dtype) for k, v in data.items() if k.startswith("param/")}, sep="/"
     )
-    # their run.py's optimizer, with their schedule over the paper run's length
-    steps, warmup, peak = int(data["steps"]), cfg.warmup_steps, cfg.lr
+    # their run.py's optimizer, with their schedule over the run's length, at the run's lr / wd / warmup
+    steps, warmup, peak = int(data["steps"]), int(data["warmup_steps"]), float(data["peak_lr"])
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=steps - warmup, end_value=peak * 0.1
     )
@@ -177,7 +205,7 @@ def theirs(args: argparse.Namespace) -> None:
     learning_rate = (lambda count: schedule(count.astype(jnp.float64))) if args.float64_schedule else schedule
     optimizer = optax.adamw(
         learning_rate=learning_rate,
-        weight_decay=cfg.weight_decay,
+        weight_decay=float(data["weight_decay"]),
         mask=lambda p: jax.tree_util.tree_map(lambda x: x.ndim != 1, p),
     )
     num_features = cfg.data.num_features
@@ -204,12 +232,27 @@ def theirs(args: argparse.Namespace) -> None:
         p = optax.apply_updates(p, updates)
         return p, opt_state, loss, optax.global_norm(grads), optax.global_norm(p)
 
+    start_step = int(data["start_step"])
     opt_state = optimizer.init(params)
+    if start_step:  # our AdamW state: its moments, and the count that the Adam and schedule states share
+        moments = {}
+        for m in ("mu", "nu"):
+            flat_m = {k[len(m) + 1 :]: jnp.asarray(v, dtype) for k, v in data.items() if k.startswith(f"{m}/")}
+            moments[m] = unflatten_dict(flat_m, sep="/")
+        count = jnp.asarray(start_step, jnp.int32)
+
+        def restore(s: Any) -> Any:
+            if isinstance(s, optax.ScaleByAdamState):
+                return s._replace(count=count, mu=moments["mu"], nu=moments["nu"])
+            return s._replace(count=count) if isinstance(s, optax.ScaleByScheduleState) else s
+
+        kinds = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
+        opt_state = jax.tree_util.tree_map(restore, opt_state, is_leaf=lambda s: isinstance(s, kinds))
     keep = set(snapshot_steps(len(data["x"])))
     losses, grad_norms, param_norms, lrs, snaps = [], [], [], [], {}
     start = time.perf_counter()
     for i, (x, y) in enumerate(zip(data["x"], data["y"])):
-        lrs.append(float(learning_rate(jnp.asarray(i, jnp.int32))))  # as the update computes it
+        lrs.append(float(learning_rate(jnp.asarray(start_step + i, jnp.int32))))  # as the update computes it
         keep_i = jnp.asarray(keep_masks[i]) if keep_masks is not None else jnp.zeros(())
         params, opt_state, loss, grad_norm, param_norm = step(
             params, opt_state, jnp.asarray(x, dtype), jnp.asarray(y, jnp.int32), keep_i
@@ -221,7 +264,7 @@ def theirs(args: argparse.Namespace) -> None:
             snaps[i + 1] = flat({k: np.asarray(v) for k, v in flatten_dict(params, sep="/").items()})
         if (i + 1) % 100 == 0:
             print(f"{args.name}: {i + 1}/{len(data['x'])} loss {float(loss):.6f} ({time.perf_counter() - start:.0f} s)")
-    save_steps(args.out / f"{args.name}_steps.npz", losses, grad_norms, param_norms, lrs, snaps)
+    save_steps(args.out / f"{args.name}_steps.npz", losses, grad_norms, param_norms, lrs, snaps, start_step)
     print(f"wrote {args.out}/{args.name}_steps.npz")
 
 
@@ -243,7 +286,11 @@ def compare(args: argparse.Namespace) -> int:
         pb = theirs_["snaps"][list(theirs_["snap_steps"]).index(s)]
         param_rel[s] = float(np.linalg.norm(pa - pb) / np.linalg.norm(pb))
     parted = next((i + 1 for i, r in enumerate(loss_rel) if r > args.part), None)
-    print(f"{args.a} vs {args.b}: {n} updates compared; largest learning-rate difference {lr_rel.max():.1e}")
+    start_step = int(ours_["start_step"])
+    if start_step != int(theirs_["start_step"]):
+        raise ValueError(f"{args.a} starts after update {start_step}, {args.b} after {int(theirs_['start_step'])}")
+    print(f"{args.a} vs {args.b}: {n} updates compared, {start_step + 1}-{start_step + n}; the table counts from 1")
+    print(f"largest learning-rate difference {lr_rel.max():.1e}")
     print(f"first update whose loss differs by more than {args.part:.0e} (relative): {parted or 'none'}\n")
     print(f"| update | loss {args.a} | loss {args.b} | loss rel. diff | params rel. L2 diff |\n|---|---|---|---|---|")
     for s in snap_steps:
@@ -254,6 +301,7 @@ def compare(args: argparse.Namespace) -> int:
     if args.json is not None:
         record = {
             "updates": n,
+            "start_step": start_step,
             "first_update_parted": parted,
             "part_threshold": args.part,
             "max_lr_rel_diff": float(lr_rel.max()),
@@ -278,6 +326,12 @@ def main() -> int:
     ap.add_argument("--dropout", action="store_true", help="ours: attention dropout on, theirs given our masks")
     ap.add_argument("--backend", default="auto", help="ours: model.attention_backend (a control: direct)")
     ap.add_argument("--set", action="append", default=[], help="ours: a config override KEY=VALUE (tests: tiny)")
+    ap.add_argument(
+        "--start",
+        type=Path,
+        help="ours: a checkpoint of a SRAVEN run (its step-* folder): both codes start from its weights, AdamW"
+        " state and step, on the run's own next batches, with the run's config (--variant, --seed unused)",
+    )
     ap.add_argument(
         "--name", help="the trajectory's name (default: the step's); ours not 'ours': a control on the batches of ours"
     )

@@ -45,3 +45,30 @@ def test_dropout_masks_are_written_for_their_model(tmp_path: Path) -> None:
     assert keep[:, -1, :32].all() and not keep[:, -1, 32:].all()  # the last layer drops only in its answer rows
     assert 0.8 < keep[:, 0].mean() < 0.97  # p = 0.1
     assert not np.array_equal(keep[0], keep[1])  # a new draw each update
+
+
+def test_a_window_from_a_checkpoint_continues_the_run(tmp_path: Path) -> None:
+    """--start: from a run's checkpoint (weights, AdamW moments and step, the data stream) the window's
+    updates are the run's own next updates, and the AdamW state is written for their side in their layout."""
+    from hyla.cli import main
+    from tiny import tiny_overrides
+
+    run = tmp_path / "run"
+    overrides = tiny_overrides(layers=1, steps=8, every=4, log_every=1, warmup_steps=6)
+    assert main(["train", "sraven", *overrides, "--out", str(run), "--quiet"]) == 0
+    start = run / "checkpoints" / "step-000000004"
+    out = tmp_path / "window"
+    cmd = [sys.executable, str(SCRIPT), "ours", "--start", str(start), "--steps", "4", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    lines = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    logged = {m["step"]: m for m in lines if m["split"] == "train_batch"}
+    with np.load(out / "ours_steps.npz") as window, np.load(out / "ours_batches.npz") as batches:
+        assert int(window["start_step"]) == 4 and int(batches["start_step"]) == 4
+        # updates 6-8 read the restored AdamW moments and the schedule past warmup's 6th update
+        for i, step in enumerate(range(5, 9)):
+            np.testing.assert_allclose(window["loss"][i], logged[step]["loss"], rtol=1e-5, err_msg=f"update {step}")
+            np.testing.assert_allclose(window["param_norm"][i], logged[step]["param_norm"], rtol=1e-6)
+        mu = {k: batches[k] for k in batches.files if k.startswith("mu/")}
+        params = {k for k in batches.files if k.startswith("param/")}
+        assert {f"param/{k[3:]}" for k in mu} == params and any(np.abs(v).max() > 0 for v in mu.values())
+        assert float(batches["peak_lr"]) > 0 and int(batches["warmup_steps"]) == 6

@@ -334,8 +334,13 @@ def read_config_values(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[
     return _merge(read_config_values(str(base_path), (*_seen, path)), values)
 
 
+def config_with_overrides(values: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
+    """A config from a mapping (a YAML file's, a checkpoint's) with ``KEY=VALUE`` overrides laid over it."""
+    return config_from_dict(_merge(values, parse_overrides(overrides or [])))
+
+
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:
-    return config_from_dict(_merge(read_config_values(name_or_path), parse_overrides(overrides or [])))
+    return config_with_overrides(read_config_values(name_or_path), overrides)
 
 
 def dump_config(cfg: ExperimentConfig) -> str:
