@@ -140,3 +140,32 @@ def test_trained_fuzzy_runs_get_the_term_probe_on_held_out_combinations(tmp_path
     figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", section)
     assert [Path(f).name for f in figures] == ["table_a1_tiny_term_probe_by_layer.png"]
     assert (tmp_path / "out" / figures[0]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_grid_points_in_progress_compare_at_matched_updates(tmp_path: Path) -> None:
+    """A row with an unfinished run gets a table of every one of its runs at 10k, 20k, 30k updates (and each
+    50k an unfinished run passed), seed by seed, with the updates an unfinished run has reached."""
+    sweep_file = tiny_table_a1(tmp_path, {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}})
+    records = tmp_path / "sweeps" / "table_a1_tiny"
+    for spec in load_sweep(str(sweep_file)).runs():
+        lr, finished = dict(spec.point)["train.lr"], spec.row == "linear" or dict(spec.point)["train.lr"] == 0.001
+        if spec.seed != 0:
+            continue
+        fake_record(records, spec, test=0.5, ood=0.4, steps=60_000 if finished else 156_250)
+        run = records / spec.name
+        evals = [(s, 0.1 * s / 10_000 + (lr == 0.003) * 0.05) for s in (10_000, 20_000, 30_000, 50_000)]
+        lines = [
+            {"step": s, "split": split, "r2": v - 0.01 * (split == "ood")}
+            for s, v in evals
+            for split in ("test", "ood")
+        ]
+        final = (run / "metrics.jsonl").read_text() if finished else ""  # an unfinished run has no final line
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + final)
+        if not finished:
+            (run / "checkpoints" / "step-000051234").mkdir(parents=True)
+            (run / "checkpoints" / "latest").write_text("step-000051234")
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json")
+    assert "| row | lr | seed | updates reached | 10,000 | 20,000 | 30,000 | 50,000 |" in text
+    assert "| hyla | 0.001 | 0 | finished | 10.0 / 9.0 | 20.0 / 19.0 | 30.0 / 29.0 | 50.0 / 49.0 |" in text
+    assert "| hyla | 0.003 | 0 | 51,234 | 15.0 / 14.0 | 25.0 / 24.0 | 35.0 / 34.0 | 55.0 / 54.0 |" in text
+    assert "| linear | 0.001 | 0 |" not in text  # a row whose runs are all finished has its final table only

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.tasks import PaperColumn, task_entry
+from hyla.train.checkpoint import checkpoint_step
 from hyla.train.rundir import (
     MADE_BY,
     RunRecord,
@@ -174,6 +176,48 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
     return SweepResults(sweep, task, rows, points, loaded, done)
 
 
+def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]], metric: str) -> list[str]:
+    """Every run of a row that has a run in progress, seed by seed, at the same update counts: ``test / ood``
+    (%) at 10,000, 20,000, 30,000 and each 50,000 an unfinished run has passed; grid points compare before
+    they finish (the probes of a grid search)."""
+    records = found.sweep.runs()
+    unfinished_rows = {s.row for s in records if s.name in found.loaded and s.name not in found.done}
+    shown = [s for s in records if s.row in unfinished_rows and s.name in found.loaded]
+    shown.sort(key=lambda s: (found.sweep.rows.index(s.row), s.seed))  # stable: grid points in sweep order
+    if not shown:
+        return []
+    furthest = max(_updates_reached(found.loaded[s.name]) for s in shown if s.name not in found.done)
+    milestones = [10_000, 20_000, 30_000, *range(50_000, furthest + 1, 50_000)]
+    milestones = [m for m in milestones if m <= max(furthest, 30_000)]
+    keys = ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
+    lines = [
+        "Grid points at matched updates (rows with a run in progress; `test / ood`, %, at each update count):",
+        "",
+        f"| row | {keys} | seed | updates reached | " + " | ".join(f"{m:,}" for m in milestones) + " |",
+        "|" + "---|" * (4 + len(milestones)),
+    ]
+    for spec in shown:
+        run = found.loaded[spec.name]
+        at = {(m["step"], m["split"]): m.get(metric) for m in run.metrics}
+        row_cells = []
+        for m in milestones:
+            test, ood = at.get((m, "test")), at.get((m, "ood"))
+            row_cells.append("-" if test is None or ood is None else f"{100 * test:.1f} / {100 * ood:.1f}")
+        reached = "finished" if spec.name in found.done else f"{_updates_reached(run):,}"
+        lines.append(
+            f"| {spec.row} | {', '.join(cells(spec.row, spec.point))} | {spec.seed} | {reached} | "
+            + " | ".join(row_cells)
+            + " |"
+        )
+    return [*lines, ""]
+
+
+def _updates_reached(run: RunRecord) -> int:
+    """The newest checkpoint's step (what a resumed run continues from), else the last logged step."""
+    step = checkpoint_step(run.path)
+    return step if step is not None else max((m["step"] for m in run.metrics), default=0)
+
+
 def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
     """The markdown section of one sweep (and its figure under ``figures``)."""
     found = sweep_results(sweep, root)
@@ -235,6 +279,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         lines += [f"![{sweep.name}: OOD over training]({figure.parent.name}/{figure.name})", ""]
     lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
     lines += [*all_points, ""]
+    lines += matched_updates(found, cells, metric)
     trained: dict[str, list[RunRecord]] = {}
     for label, run in chosen_runs:
         if run.path.name in done and has_trained_weights(run.path):
