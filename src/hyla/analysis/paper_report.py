@@ -183,7 +183,7 @@ def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]
     records = found.sweep.runs()
     unfinished_rows = {s.row for s in records if s.name in found.loaded and s.name not in found.done}
     shown = [s for s in records if s.row in unfinished_rows and s.name in found.loaded]
-    shown.sort(key=lambda s: (found.sweep.rows.index(s.row), s.seed))  # stable: grid points in sweep order
+    shown.sort(key=lambda s: (list(found.sweep.rows).index(s.row), s.seed))  # stable: grid points in sweep order
     if not shown:
         return []
     furthest = max(_updates_reached(found.loaded[s.name]) for s in shown if s.name not in found.done)
