@@ -315,10 +315,29 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def summary(args: argparse.Namespace) -> int:
+    """One line per ``compare --json`` record: the window, the pair, the largest relative loss difference, the
+    parameters' relative L2 difference at the window's end, and the first update that parted."""
+    print("| record | updates | pair | loss, largest rel. diff | parameters, rel. L2 diff at the end | parted at |")
+    print("|---|---|---|---|---|---|")
+    for path in sorted(args.records):
+        record = json.loads(path.read_text())
+        a, b = (k for k in record if isinstance(record[k], dict) and "loss" in record[k])
+        la, lb = np.array(record[a]["loss"]), np.array(record[b]["loss"])
+        start, n = int(record.get("start_step", 0)), int(record["updates"])
+        end = max(record["params_rel_l2_diff"], key=int)
+        print(
+            f"| {path.stem.removeprefix('trajectory_sraven_')} | {start + 1:,}-{start + n:,} | {a} vs {b} |"
+            f" {float(np.max(np.abs(la - lb) / np.abs(lb))):.1e} | {record['params_rel_l2_diff'][end]:.1e} |"
+            f" {record['first_update_parted'] or 'none'} |"
+        )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("ours", "theirs", "compare"))
-    ap.add_argument("--out", type=Path, required=True, help="folder for the .npz files")
+    ap.add_argument("step", choices=("ours", "theirs", "compare", "summary"))
+    ap.add_argument("--out", type=Path, help="folder for the .npz files (all steps but summary)")
     ap.add_argument("--variant", choices=sorted(MIXERS), default="hyla", help="ours: attention variant")
     ap.add_argument("--seed", type=int, default=0, help="ours: initial weights and batches")
     ap.add_argument("--steps", type=int, default=1500, help="ours: updates to make")
@@ -340,8 +359,13 @@ def main() -> int:
     ap.add_argument("--b", default="theirs", help="compare: ... against this one")
     ap.add_argument("--part", type=float, default=1e-6, help="compare: relative loss difference that counts as parted")
     ap.add_argument("--json", type=Path, help="compare: also write the comparison here")
+    ap.add_argument("records", nargs="*", type=Path, help="summary: the JSON records of compare --json")
     args = ap.parse_args()
     args.name = args.name or args.step
+    if args.step != "summary" and args.out is None:
+        ap.error(f"{args.step} needs --out (the folder of the .npz files)")
+    if args.step == "summary":
+        return summary(args)
     {"ours": ours, "theirs": theirs, "compare": compare}[args.step](args)
     return 0
 

@@ -26,6 +26,11 @@ def test_two_backends_of_ours_make_one_trajectory_in_float64(tmp_path: Path) -> 
     assert "first update whose loss differs by more than 1e-06 (relative): none" in text
     cmp = json.loads(out.read_text())
     assert cmp["updates"] == 12 and max(cmp["params_rel_l2_diff"].values()) < 1e-12
+    table = subprocess.run(
+        [sys.executable, str(SCRIPT), "summary", str(out)], check=True, capture_output=True, text=True
+    )
+    row = table.stdout.splitlines()[-1].split(" | ")
+    assert row[1:3] == ["1-12", "ours vs direct"] and row[4] == f"{cmp['params_rel_l2_diff']['12']:.1e}"
     norms = np.array(cmp["ours"]["param_norm"])
     assert np.all(np.isfinite(cmp["ours"]["loss"])) and abs(norms[-1] - norms[0]) > 1e-6  # the updates move it
     with np.load(tmp_path / "ours_batches.npz") as batches:
