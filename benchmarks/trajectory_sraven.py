@@ -364,10 +364,7 @@ def main() -> int:
     args.name = args.name or args.step
     if args.step != "summary" and args.out is None:
         ap.error(f"{args.step} needs --out (the folder of the .npz files)")
-    if args.step == "summary":
-        return summary(args)
-    {"ours": ours, "theirs": theirs, "compare": compare}[args.step](args)
-    return 0
+    return {"ours": ours, "theirs": theirs, "compare": compare, "summary": summary}[args.step](args) or 0
 
 
 if __name__ == "__main__":

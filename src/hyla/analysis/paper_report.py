@@ -186,9 +186,8 @@ def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]
     shown.sort(key=lambda s: (list(found.sweep.rows).index(s.row), s.seed))  # stable: grid points in sweep order
     if not shown:
         return []
-    furthest = max(_updates_reached(found.loaded[s.name]) for s in shown if s.name not in found.done)
-    milestones = [10_000, 20_000, 30_000, *range(50_000, furthest + 1, 50_000)]
-    milestones = [m for m in milestones if m <= max(furthest, 30_000)]
+    reached = {s.name: _updates_reached(found.loaded[s.name]) for s in shown if s.name not in found.done}
+    milestones = [10_000, 20_000, 30_000, *range(50_000, max(reached.values()) + 1, 50_000)]
     keys = ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
     lines = [
         "Grid points at matched updates (rows with a run in progress; `test / ood`, %, at each update count):",
@@ -203,9 +202,9 @@ def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]
         for m in milestones:
             test, ood = at.get((m, "test")), at.get((m, "ood"))
             row_cells.append("-" if test is None or ood is None else f"{100 * test:.1f} / {100 * ood:.1f}")
-        reached = "finished" if spec.name in found.done else f"{_updates_reached(run):,}"
+        where = f"{reached[spec.name]:,}" if spec.name in reached else "finished"
         lines.append(
-            f"| {spec.row} | {', '.join(cells(spec.row, spec.point))} | {spec.seed} | {reached} | "
+            f"| {spec.row} | {', '.join(cells(spec.row, spec.point))} | {spec.seed} | {where} | "
             + " | ".join(row_cells)
             + " |"
         )
