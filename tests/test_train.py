@@ -78,6 +78,29 @@ def test_interrupted_then_resumed_run_is_bitwise_identical(tmp_path: Path) -> No
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_checkpoint_from_another_device_type_resumes_with_a_fresh_data_stream(tmp_path: Path) -> None:
+    """A CUDA-made checkpoint (a 16-byte Philox data state) resumed on the CPU, as a CPU one on CUDA: the
+    stream begins anew, seeded by the run and the step, with a warning; each such resume draws alike."""
+    from safetensors.torch import load_file, save_file
+
+    from hyla.train.engine import DeviceChangeWarning
+
+    args = tiny("sraven", steps=8)
+    assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--quiet", "--stop-at-step", "4"]) == 0
+    rng_file = latest_checkpoint(tmp_path / "b") / "rng.safetensors"
+    rng = load_file(str(rng_file))
+    rng["data_rank0"] = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's state: seed and offset
+    save_file(rng, str(rng_file))
+    subprocess.run(["cp", "-r", str(tmp_path / "b"), str(tmp_path / "c")], check=True)
+    for run in ("b", "c"):
+        with pytest.warns(DeviceChangeWarning, match="step 4 holds a data stream of another device type than cpu"):
+            assert main(["train", *args, "--out", str(tmp_path / run), "--quiet", "--resume"]) == 0
+    after = {run: [r for r in read_metrics(tmp_path / run) if r["step"] > 4] for run in "abc"}
+    assert after["b"] == after["c"] and len(after["b"]) == len(after["a"]) > 0
+    assert after["b"] != after["a"]  # other batches after the resume
+
+
 @pytest.mark.float_sensitive
 def test_resume_drops_metrics_written_after_the_checkpoint(tmp_path: Path) -> None:
     args = tiny("sraven", steps=8)
