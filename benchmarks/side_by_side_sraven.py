@@ -17,6 +17,10 @@ and a plot ``.png`` beside it:
   commit a95aca3: older records have none ('-');
 - ``test`` (training tasks) and ``ood`` (held-out tasks) accuracy at each evaluation.
 
+``--their-runs``: the OOD accuracy at each evaluation of every run of theirs in ``AUTHORS_LOGS``, their seeds and
+the swaps (split and batches of one seed, initial draw of another), one column each (``sraven_<variant>_their_runs.md``
+in ``--dir``).
+
 ``--summary``: reads the per-seed JSON files and prints (and writes ``sraven_<variant>.md``) the accuracy at each
 evaluation, theirs beside ours, mean +- s.e. over the seeds each has there.
 
@@ -26,6 +30,7 @@ the 330 combinations, ours: numpy's), 82 of 330 in both.
 Usage: .venv/bin/python benchmarks/side_by_side_sraven.py [--variant hyla] [--seed 0] [--authors-logs DIR]
        [--ours-run RUN_DIR] [--bin 1000] [--out FILE]
        .venv/bin/python benchmarks/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
+       .venv/bin/python benchmarks/side_by_side_sraven.py --their-runs --authors-logs DIR --dir DIR
 """
 
 from __future__ import annotations
@@ -79,9 +84,14 @@ def training_bins(curve: list[dict[str, Any]], last_step: int, width: int = BIN)
 
 
 def evaluations(curve: list[dict[str, Any]], authors: bool) -> dict[tuple[int, str], float]:
-    """Accuracy per (evaluation point, split): our step; their logged step - 1 (see the module docstring)."""
-    shift = 1 if authors else 0
-    return {(p["step"] - shift, p["split"]): p["acc"] for p in curve if p["split"] != "train_batch"}
+    """Accuracy per (evaluation point, split): our step; their logged step - 1 (see the module docstring), except
+    their evaluation at the end of the schedule, logged at the schedule's length (156,250 is no k + 1 of an
+    ``eval_every`` multiple k; every ``eval_every`` of theirs is a multiple of 100)."""
+
+    def point(step: int) -> int:
+        return step - 1 if authors and (step - 1) % 100 == 0 else step
+
+    return {(point(p["step"]), p["split"]): p["acc"] for p in curve if p["split"] != "train_batch"}
 
 
 def cell(values: dict[str, float], metric: str, scale: float = 1.0, digits: int = 3) -> str:
@@ -222,11 +232,41 @@ def summary(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def their_runs(args: argparse.Namespace) -> str:
+    """OOD accuracy at each evaluation of every run of theirs under ``--authors-logs`` (their seeds, and the swaps
+    ``sraven-<variant>-seedS-initI`` of ``gpu_sraven_verdict.sh``: split and batches of seed S, initial weights and
+    dropout stream of seed I), one column each (markdown)."""
+    pattern = re.compile(rf"sraven-{re.escape(args.variant)}-seed(\d+)(?:-init(\d+))?$")
+    runs = {}
+    for run_dir in sorted(args.authors_logs.iterdir()):
+        if (m := pattern.match(run_dir.name)) and (run_dir / "event.log").exists():
+            data, init = m.group(1), m.group(2) or m.group(1)
+            curve = parse_authors_log(run_dir / "event.log", SPLITS, ("acc", "loss"))
+            runs[f"data {data}, init {init}"] = evaluations(curve, authors=True)
+    steps = sorted({step for accs in runs.values() for step, split in accs if split == "ood" and step > 0})
+    lines = [
+        f"SRAVEN {args.variant}, their code (lr 1e-3, wd 0.1, warmup 1000): OOD accuracy (%, all four answer "
+        "features) at each evaluation of each run: its split and batches from seed `data`, its initial weights "
+        "and attention-dropout stream from seed `init`; 12,800 problems per evaluation. Their evaluation logged "
+        "k + 1 is listed at k.",
+        "",
+        "| updates | " + " | ".join(runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+    for step in steps:
+        cells = [f"{100 * accs[(step, 'ood')]:.1f}" if (step, "ood") in accs else "-" for accs in runs.values()]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="hyla")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--summary", action="store_true", help="the table over seeds from the per-seed JSON files")
+    ap.add_argument(
+        "--their-runs", action="store_true", help="OOD accuracy of every run of theirs (seeds and swaps), per column"
+    )
     ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",")], default=[0, 1, 2])
     ap.add_argument("--dir", type=Path, default=SIDE_BY_SIDE, help="--summary: where the per-seed files are")
     ap.add_argument("--authors-logs", type=Path, default=SIDE_BY_SIDE / "authors")
@@ -241,10 +281,10 @@ def main() -> None:
     ap.add_argument("--authors-mirror", type=Path, default=Path("/work/.mirror/smonsays+hypernetwork-attention/repo"))
     ap.add_argument("--out", type=Path, help="default: results/side_by_side/sraven_<variant>_seed<S>.json")
     args = ap.parse_args()
-    if args.summary:
-        text = summary(args)
+    if args.summary or args.their_runs:
+        text, name = (summary(args), "") if args.summary else (their_runs(args), "_their_runs")
         print(text)
-        (args.dir / f"sraven_{args.variant}.md").write_text(text)
+        (args.dir / f"sraven_{args.variant}{name}.md").write_text(text)
         return
     one_seed(args)
 

@@ -59,12 +59,14 @@ def test_bins_and_evaluations_line_up(tmp_path: Path) -> None:
 def test_summary_gives_mean_and_standard_error_over_seeds(tmp_path: Path) -> None:
     for seed, (theirs, ours) in enumerate(((0.2, 0.1), (0.3, 0.2), (0.1, None))):
         curves = {
-            "authors": [{"step": 2501, "split": "ood", "acc": theirs}],
-            "ours": [{"step": 2500, "split": "ood", "acc": ours}] if ours is not None else [],
+            # their evaluation at the schedule's end is logged at its length, not as k + 1
+            "authors": [{"step": 2501, "split": "ood", "acc": theirs}, {"step": 156_250, "split": "ood", "acc": 0.5}],
+            "ours": [{"step": s, "split": "ood", "acc": ours} for s in (2500, 156_250)] if ours is not None else [],
         }
         (tmp_path / f"sraven_hyla_seed{seed}.json").write_text(json.dumps(curves))
     args = ["--summary", "--dir", str(tmp_path)]
     text = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True).stdout
     # theirs: 20, 30, 10 -> 20.0 +- 5.8 (3 seeds); ours: 10, 20 -> 15.0 +- 5.0 (2 seeds)
     assert "| 2500 | 20.0 +- 5.8 (3) | 15.0 +- 5.0 (2) | - | - |" in text
+    assert "| 156250 | 50.0 +- 0.0 (3) | 15.0 +- 5.0 (2) | - | - |" in text
     assert (tmp_path / "sraven_hyla.md").read_text() == text.rstrip("\n") + "\n"
