@@ -51,6 +51,9 @@
 #   AUTHORS_CODE [.authors/code]  AUTHORS_WHEELS [.authors/wheels]  AUTHORS_SITE [.authors/site-cpXY]
 #   AUTHORS_SEEDS ["0 1 2 0:1 1:0"; empty: ours only; S:I = data of seed S, initial state of seed I]
 #   AUTHORS_LOGS [results/gpu_sraven_verdict/authors] (relative)
+#   JAX_DEFAULT_MATMUL_PRECISION [unset: JAX's default, TF32 matmuls on an A100/H100 and on the paper's RTX cards]:
+#     float32 runs theirs in full float32, as on a CPU (noted in each run's stdout.log; give such runs their own
+#     AUTHORS_LOGS, e.g. results/gpu_sraven_verdict/authors_float32)
 #   EVAL_EVERY [2500]  LOG_EVERY [250]  EVAL_PROBLEMS [12800]  SAVE_EVERY_MINUTES [2]  AUTHORS_GRACE_S [120]
 #   AUTHORS_EXTRA: more flags for their runs (the CPU test shrinks the model and the schedule with them)
 #   JAX_CACHE [results/gpu_sraven_verdict/jax_cache; empty: none]
@@ -190,6 +193,10 @@ launch_authors() {
     touch "$dir/stdout.log"
     offset_of[$seed]=$(stat -c %s "$dir/stdout.log")
     echo "== $stamp: this call ($device)" >> "$dir/stdout.log"
+    # JAX's float32 matmuls are TF32 on recent GPUs unless this says otherwise (their code sets no precision)
+    if [ -n "${JAX_DEFAULT_MATMUL_PRECISION:-}" ]; then
+      echo "== JAX_DEFAULT_MATMUL_PRECISION=$JAX_DEFAULT_MATMUL_PRECISION" >> "$dir/stdout.log"
+    fi
     began_of[$seed]=$(date +%s)
     read -r -a swap <<< "$(init_flag "$seed")"
     # SIGTERM ignored until the driver's handler replaces that (its first lines): a stop sent earlier is lost,

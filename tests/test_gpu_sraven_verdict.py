@@ -115,8 +115,11 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
     assert {f"{run}/{f}" for run in ours for f in ("metrics.jsonl", "model.safetensors")} <= names
     assert not any("tiny_fuzzy_logic" in n for n in names)  # not trained: STAGES is sraven-hyla alone
 
-    # the second, from the first's archive (their compiled programs included), gives them 20 s
-    second = call("b", RESUME_FROM=str(tmp_path / "a.tar.gz"), AUTHORS_MINUTES="0.33")
+    # the second, from the first's archive (their compiled programs included), gives them 20 s; it names a
+    # matmul precision (on a CPU float32 is JAX's default anyway), which their logs record
+    second = call(
+        "b", RESUME_FROM=str(tmp_path / "a.tar.gz"), AUTHORS_MINUTES="0.33", JAX_DEFAULT_MATMUL_PRECISION="float32"
+    )
     assert "continued from" in second and "tiny_sraven: all 2 runs are done" in second, second
     assert {f"{run}/metrics.jsonl" for run in ours} <= archived("b")  # unpacked from a, packed again
 
@@ -135,6 +138,8 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
         log_b = (tmp_path / "b" / run / "stdout.log").read_text()
         assert log_b.startswith(log_a)
         assert f"Resuming at batch index {stopped} (step {stopped})" in log_b[len(log_a) :]
+        precision = "== JAX_DEFAULT_MATMUL_PRECISION=float32"
+        assert precision not in log_a and precision in log_b[len(log_a) :]
         again = int(re.findall(r"Signal 15: saved \S+ at batch index (\d+)", log_b)[-1])
         assert again > stopped
         assert f"theirs seed {seed}: batch index {stopped:,} -> {again:,} of 100,000" in second, second
