@@ -15,6 +15,10 @@ Three steps, because their code needs its own environment (JAX, flax; never a de
         $AUTHORS_VENV/bin/python benchmarks/authors_equivalence.py theirs --out /tmp/eq
     .venv/bin/python benchmarks/authors_equivalence.py compare --out /tmp/eq
 
+``import-run --their-init FILE.npz --seed S --out RUN_DIR`` turns their trained params (``authors_sraven_resumable.py
+--dump_trained``) into a run directory of ours (the paper config at seed S with their held-out tasks, and the weights),
+which ``hyla analyze`` reads (``benchmarks/their_sraven_models.sh``).
+
 ``import-init --their-init FILE.npz --out W.safetensors`` turns their initial draw (written by
 ``authors_sraven_resumable.py --dump_init``) into our weights, for ``hyla train sraven train.init_weights=W``: our
 training from their initial weights, on our data and dropout streams (#38, part 3's swap of the initial draw).
@@ -121,35 +125,63 @@ def from_their_layout(params: dict[str, np.ndarray], num_layers: int, num_heads:
     return {ours: np.ascontiguousarray(to_ours(params[theirs])) for ours, theirs, _, to_ours in pairs}
 
 
-def import_init(args: argparse.Namespace) -> None:
-    """Their initial draw (``authors_sraven_resumable.py --dump_init``) as our weights for ``train.init_weights``."""
+def their_weights(their_params: Path, variant: str, overrides: list[str] | None = None) -> tuple[Any, Any]:
+    """(our SRAVEN config with ``overrides``, our model holding their params): ``their_params`` is an .npz of
+    ``authors_sraven_resumable.py --dump_init`` or ``--dump_trained``."""
     import torch
 
     from hyla.train.build import build_model, build_task
-    from hyla.train.checkpoint import save_weights
     from hyla.train.config import load_config
 
-    cfg = load_config("sraven", [f"model.attention={args.variant}"])
+    cfg = load_config("sraven", [f"model.attention={variant}", *(overrides or [])])
     model = build_model(cfg, build_task(cfg, None))
-    with np.load(args.their_init) as f:
+    with np.load(their_params) as f:
         params = {k: f[k] for k in f.files}
-    if str(params.pop("__mixer__", MIXERS[args.variant])) != MIXERS[args.variant]:
-        raise ValueError(f"--their-init holds another attention than {MIXERS[args.variant]} (--variant)")
+    if str(params.pop("__mixer__", MIXERS[variant])) != MIXERS[variant]:
+        raise ValueError(f"{their_params} holds another attention than {MIXERS[variant]} (--variant)")
     pairs = layout_pairs(cfg.model.num_layers, cfg.model.num_heads)
     unmapped = sorted(set(params) - {theirs for _, theirs, _, _ in pairs})
     if unmapped:
-        raise ValueError(f"--their-init has parameters we do not map: {unmapped[:5]}")
+        raise ValueError(f"{their_params} has parameters we do not map: {unmapped[:5]}")
     try:
         weights = from_their_layout(params, cfg.model.num_layers, cfg.model.num_heads)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     except KeyError as err:
-        raise ValueError(f"--their-init lacks their parameter {err} (another model size?)") from err
+        raise ValueError(f"{their_params} lacks their parameter {err} (another model size?)") from err
     except RuntimeError as err:  # load_state_dict names the missing, unexpected and mis-shaped keys
-        raise ValueError(f"--their-init does not fit our {args.variant} SRAVEN model: {err}") from err
+        raise ValueError(f"{their_params} does not fit our {variant} SRAVEN model: {err}") from err
+    return cfg, model
+
+
+def _norm(model: Any) -> float:
+    import torch
+
+    return torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm().item()
+
+
+def import_init(args: argparse.Namespace) -> None:
+    """Their initial draw (``authors_sraven_resumable.py --dump_init``) as our weights for ``train.init_weights``."""
+    from hyla.train.checkpoint import save_weights
+
+    _, model = their_weights(args.their_init, args.variant)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_weights(args.out, model.state_dict())
-    norm = torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm().item()
-    print(f"wrote {args.out}: {len(weights)} tensors from {args.their_init}, parameter norm {norm:.4f}")
+    print(f"wrote {args.out} from {args.their_init}, parameter norm {_norm(model):.4f}")
+
+
+def import_run(args: argparse.Namespace) -> None:
+    """Their trained params (``--dump_trained``) as a run directory of ours that ``hyla analyze`` reads:
+    ``config.yaml`` (the paper config at their seed ``--seed``, with their held-out tasks:
+    ``data.heldout_draw=authors``) and the final weights."""
+    from hyla.train.checkpoint import save_weights
+    from hyla.train.config import dump_config
+    from hyla.train.rundir import FINAL_WEIGHTS
+
+    cfg, model = their_weights(args.their_init, args.variant, [f"seed={args.seed}", "data.heldout_draw=authors"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "config.yaml").write_text(dump_config(cfg))
+    save_weights(args.out / FINAL_WEIGHTS, model.state_dict())
+    print(f"wrote {args.out}: their seed-{args.seed} split, parameter norm {_norm(model):.4f}")
 
 
 def ours(args: argparse.Namespace) -> None:
@@ -451,15 +483,22 @@ def compare(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("ours", "theirs", "compare", "import-init"))
-    ap.add_argument("--out", type=Path, required=True, help="folder for ours.npz and theirs.npz (import-init: file)")
-    ap.add_argument("--their-init", type=Path, help="import-init: their initial params (.npz of --dump_init)")
+    ap.add_argument("step", choices=("ours", "theirs", "compare", "import-init", "import-run"))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for ours.npz and theirs.npz (import-init: a file; import-run: a run directory)",
+    )
+    ap.add_argument(
+        "--their-init", type=Path, help="import-init / import-run: their params (.npz of --dump_init / --dump_trained)"
+    )
     ap.add_argument("--variant", choices=sorted(MIXERS), default="hyla", help="import-init: our attention preset")
     ap.add_argument("--run", type=Path, help="ours: a SRAVEN run directory (its final weights or latest checkpoint)")
     ap.add_argument("--init", choices=sorted(MIXERS), help="ours: a fresh SRAVEN model of this variant instead")
     ap.add_argument("--split", default="ood", help="ours: the problems' split (default ood)")
     ap.add_argument("--num", type=int, default=256, help="ours: problems in the batch (default 256)")
-    ap.add_argument("--seed", type=int, default=0, help="ours: problem (and --init) seed")
+    ap.add_argument("--seed", type=int, default=0, help="ours: problem (and --init) seed; import-run: their seed")
     ap.add_argument(
         "--their-problems",
         type=int,
@@ -476,10 +515,10 @@ def main() -> int:
         ours(args)
     elif args.step == "theirs":
         theirs(args)
-    elif args.step == "import-init":
+    elif args.step in ("import-init", "import-run"):
         if args.their_init is None:
-            ap.error("import-init: give --their-init FILE.npz")
-        import_init(args)
+            ap.error(f"{args.step}: give --their-init FILE.npz")
+        (import_init if args.step == "import-init" else import_run)(args)
     else:
         return compare(args)
     return 0

@@ -23,6 +23,10 @@ Recorded in the state file; a resume with another value is refused.
 ``--dump_init=FILE.npz``: write the initial params (after ``--init_seed``) and exit without training, for
 ``benchmarks/authors_equivalence.py import-init`` (our training from their initial draw).
 
+``--dump_trained=FILE.npz``: write the params of the state file in ``--config.log_dir`` (a run stopped or finished
+by this driver) and exit, for ``benchmarks/authors_equivalence.py import-run`` (their trained model as a run directory
+of ours, which ``hyla analyze`` reads).
+
 ``--stop_after=N``: stop after N updates, except that when loop step N is an evaluation step (their
 ``step % eval_every == 0`` on the loop index), loop step N is run too, so that its evaluation, logged as step
 N + 1, is in the log; this is where ``authors_side_by_side.sh authors-sraven`` stopped their unmodified run.
@@ -119,7 +123,7 @@ def last_loop_index(stop_after: int | None, eval_every: int, num_batches: int) -
 
 def dump_params(path: str, params: Any, mixer: str) -> None:
     """Their flax params as a flat .npz (``a/b/c`` names, ``__mixer__`` = their sequence_mixer), which
-    ``benchmarks/authors_equivalence.py import-init`` turns into our weights."""
+    ``benchmarks/authors_equivalence.py import-init`` (or ``import-run``) turns into our weights."""
     import jax
     import numpy as np
 
@@ -128,7 +132,7 @@ def dump_params(path: str, params: Any, mixer: str) -> None:
         for path_keys, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
     }
     np.savez(path, __mixer__=np.array(mixer), **flat)
-    logging.info(f"wrote {len(flat)} initial params to {path}")
+    logging.info(f"wrote {len(flat)} params to {path}")
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -161,6 +165,7 @@ def main(argv: list[str]) -> int:
     flags.DEFINE_float("save_every_minutes", 5.0, "Minutes between saves of <log_dir>/resume.pkl.")
     flags.DEFINE_integer("init_seed", None, "Initial weights and dropout stream from this seed.")
     flags.DEFINE_string("dump_init", None, "Write the initial params (flat a/b/c names) to this .npz and exit.")
+    flags.DEFINE_string("dump_trained", None, "Write the params of log_dir's state file to this .npz and exit.")
     FLAGS = flags.FLAGS
     FLAGS(argv)
 
@@ -172,6 +177,12 @@ def main(argv: list[str]) -> int:
     assert config.log_dir, "a resumable run needs --config.log_dir"
     assert FLAGS.logger == ["standard"], "only --logger=standard is supported"
 
+    if FLAGS.dump_trained:  # before their setup: only the state file and the config's mixer are needed
+        with open(os.path.join(config.log_dir, STATE_FILE), "rb") as f:
+            saved = pickle.load(f)
+        dump_params(FLAGS.dump_trained, saved["state"].params["params"], config.model.sequence_mixer)
+        logging.info(f"(the params after {saved['next_index']} updates of {config.log_dir})")
+        return 0
     logger = [StandardLogger(config.log_dir)]
     logging.info(f"Logging to {config.log_dir}")
     # main() passes two RavenLatents callbacks with log_level=2; Experiment only triggers callbacks whose

@@ -295,3 +295,49 @@ def test_embedding_subsample_and_bad_method(tmp_path: Path) -> None:
     assert n == 1 and (tmp_path / "s.png").is_file()
     with pytest.raises(ValueError, match="method='umap' is not valid"):
         embedding_panels([rng.normal(size=(50, 4))], labels, ["a", "b", "c"], tmp_path / "u.png", "umap")
+
+
+def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> None:
+    """Slot by slot, with the full forward (every position) and the rule looked up by hand."""
+    from hyla.analysis.rule_accuracy import rule_accuracy
+
+    trained = load_trained(sraven_run)
+    got = rule_accuracy(trained, "ood", num=96, batch_size=32, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    right: dict[str, list[bool]] = {}
+    solved = []
+    with torch.no_grad():
+        for _ in range(3):  # the same three batches of 32
+            batch = trained.task.sample(32, "ood", gen)
+            predicted = trained.model(batch.inputs).argmax(-1)[:, -4:]
+            for n in range(32):
+                slots = []
+                for i in range(4):
+                    feature = int(batch.info["perm"][n, 2, i])
+                    rule = RULE_NAMES[int(batch.info["rules"][n, feature])]
+                    ok = bool(predicted[n, i] == batch.info["grid"][n, 2, 2, i])
+                    right.setdefault(rule, []).append(ok)
+                    slots.append(ok)
+                solved.append(all(slots))
+    assert got["acc"] == pytest.approx(np.mean(solved))
+    assert got["slot_acc"] == pytest.approx(np.mean([ok for oks in right.values() for ok in oks]))
+    assert got["rule_slots"] == {rule: len(oks) for rule, oks in right.items()}
+    assert got["rule_slot_acc"] == pytest.approx({rule: np.mean(oks) for rule, oks in right.items()})
+    assert 0 < got["slot_acc"] < 1  # a tiny model gets some slots right and some wrong: the count could fail
+
+
+def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rules"
+    args = ["analyze", "rules", str(sraven_run), str(sraven_run), "--num", "64", "--names", "a", "b"]
+    assert main([*args, "--splits", "test", "ood", "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert text.count("| | a | b |") == 2 and "Split `test`" in text and "Split `ood`" in text
+    assert all(f"| {rule} |" in text for rule in RULE_NAMES)
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert [r["split"] for r in saved] == ["test", "test", "ood", "ood"]
+    assert saved[0]["acc"] == saved[1]["acc"]  # the same run on the same problems
+    capsys.readouterr()
+    assert main([*args[:-1], "--num", "8"]) == 2
+    assert "--names gives 1 names for 2 runs" in capsys.readouterr().err
+    assert main(["analyze", "rules", str(fuzzy_run), "--num", "8"]) == 2
+    assert "accuracy by rule is measured for sraven runs, not 'fuzzy_logic' ones" in capsys.readouterr().err

@@ -262,3 +262,58 @@ def test_their_initial_draw_becomes_our_weights(tmp_path: Path, cache: Path) -> 
     assert set(again) == set(theirs)
     for k, v in theirs.items():
         np.testing.assert_array_equal(again[k], v, err_msg=k)
+
+    # import-run: the same weights as a run directory of ours, on their split of that seed
+    run_dir = tmp_path / "theirs-seed3"
+    done = subprocess.run(
+        [sys.executable, str(tool), "import-run", "--their-init", str(dump), "--seed", "3", "--out", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    from hyla.train.rundir import load_trained
+
+    trained = load_trained(run_dir)
+    assert trained.config.split_seed == 3 and trained.config.data.heldout_draw == "authors"
+    assert trained.weights == "final"
+    assert all(np.array_equal(v.numpy(), ours[k]) for k, v in trained.model.state_dict().items())
+
+
+STATE_LEAVES = """
+import os, pickle, sys
+import numpy as np
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+from authors_sraven_resumable import import_their_run
+import_their_run()
+import jax
+leaves = jax.tree_util.tree_leaves(pickle.load(open(sys.argv[1], "rb"))["state"].params["params"])
+np.savez(sys.argv[2], *[np.asarray(x) for x in leaves])
+"""
+
+
+def test_dump_trained_writes_the_params_of_the_state_file(tmp_path: Path, cache: Path) -> None:
+    run_dir, dump, leaves = tmp_path / "run", tmp_path / "trained.npz", tmp_path / "leaves.npz"
+    train(run_dir, cache, 12, "--stop_after=5")
+    logged = metric_lines(run_dir)
+    done = subprocess.run(
+        command(run_dir, 12, f"--dump_trained={dump}"), env=env(cache), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert metric_lines(run_dir) == logged  # nothing trained, nothing logged
+    out = subprocess.run(
+        [str(PYTHON), "-c", STATE_LEAVES, str(run_dir / "resume.pkl"), str(leaves)],
+        env=env(cache),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    dumped = dict(np.load(dump))
+    assert str(dumped.pop("__mixer__")) == "linear_hypatt"
+    want = sorted((a.shape, float(np.abs(a).sum())) for a in np.load(leaves).values())
+    assert sorted((a.shape, float(np.abs(a).sum())) for a in dumped.values()) == want
+    # trained, not initial: the first five updates moved the weights away from the initial draw
+    init = tmp_path / "init.npz"
+    subprocess.run(command(tmp_path / "fresh", 12, f"--dump_init={init}"), env=env(cache), check=True, timeout=120)
+    assert any(not np.array_equal(v, np.load(init)[k]) for k, v in dumped.items())

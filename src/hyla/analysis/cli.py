@@ -1,4 +1,5 @@
-"""``hyla analyze {latents,probe,plots,topsim}``: look inside the latent code of trained runs."""
+"""``hyla analyze {latents,probe,plots,topsim,rules}``: look inside the latent code of trained runs, and
+which rules a trained SRAVEN model gets right."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from hyla.analysis.latent_summary import probe_markdown, require_rule_codes, run_probe, run_topsim, topsim_across_runs
 from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
+from hyla.analysis.rule_accuracy import rule_accuracy, rule_accuracy_markdown
 from hyla.textio import error_line
 
 
@@ -56,6 +58,23 @@ def cmd_topsim(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"runs": results, "across_runs": across}, indent=2))
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    results = [rule_accuracy(run, split, args.num, seed=args.seed) for split in args.splits for run in args.runs]
+    names = [Path(run).name for _ in args.splits for run in args.runs] if args.names is None else None
+    if args.names is not None:
+        if len(args.names) != len(args.runs):
+            raise ValueError(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run")
+        names = [name for _ in args.splits for name in args.names]
+    lines = rule_accuracy_markdown(results, names)
+    print("\n".join(lines))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+        out.with_suffix(".md").write_text("\n".join(lines))
     return 0
 
 
@@ -112,3 +131,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--permutations", type=_nonnegative, default=1000, help="permutation-test shuffles")
     q.add_argument("--out", help="FILE.json")
     q.set_defaults(func=_guarded(cmd_topsim, "topsim"))
+    q = s.add_parser("rules", help="SRAVEN: accuracy of the answer slots by their feature's rule, run beside run")
+    q.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    q.add_argument("--splits", nargs="+", default=["test", "ood"], help="test | ood (default: both)")
+    q.add_argument("--num", type=_positive, default=4096, help="problems per split")
+    q.add_argument("--seed", type=_nonnegative, default=0, help="the problems' generator seed")
+    q.add_argument("--names", nargs="+", help="column names, one per RUN_DIR (default: the directories' names)")
+    q.add_argument("--out", help="FILE: FILE.md (the tables) and FILE.json")
+    q.set_defaults(func=_guarded(cmd_rules, "rules"))

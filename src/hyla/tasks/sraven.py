@@ -399,6 +399,11 @@ class SRaven(Task):
     def constant_arrays(self) -> dict[str, np.ndarray]:
         return {"rule_names": np.array(RULE_NAMES)}
 
+    @staticmethod
+    def answer_slot_rules(info: dict[str, Tensor]) -> Tensor:
+        """``B x F``: the rule of each answer slot i, that of its canonical feature ``perm[:, G-1, i]``."""
+        return info["rules"].gather(1, info["perm"][:, -1])
+
     def latent_arrays(self, codes_BxLxHxTxT: Tensor, batch: Batch) -> dict[str, np.ndarray]:
         """For answer slot i (see ``hyla.analysis.latents``): ``codes`` (B, F, layers, G-1, H) at the
         slot's query and the same canonical feature's keys in the last row; its rule ``query_rule`` (B, F);
@@ -410,7 +415,7 @@ class SRaven(Task):
         sel = codes_BxLxHxTxT.permute(0, 3, 4, 1, 2)[b_idx, q_tok[..., None], k_tok]
         return {
             "codes": sel.permute(0, 1, 3, 2, 4).numpy().astype(np.float32),  # (B, F, L, G-1, H)
-            "query_rule": rules.gather(1, perm[:, -1]).numpy(),
+            "query_rule": self.answer_slot_rules(batch.info).numpy(),
             "rules": rules.numpy(),
             "perm": perm.numpy(),
             "task_id": batch.info["task_id"].numpy(),

@@ -1,0 +1,87 @@
+"""Which rules a trained SRAVEN model gets right: answer-slot accuracy by the rule of the slot's feature.
+
+A SRAVEN problem's answer panel has F slots; slot i holds canonical feature ``perm[n, G-1, i]``, whose rule
+is :meth:`hyla.tasks.sraven.SRaven.answer_slot_rules`. A problem counts as solved (the task's ``acc``) when
+all F slots are right; here each slot is also counted under its rule, so a model that solves, say, the
+progressions and not distribute_three shows it. ``hyla analyze rules RUN_DIR [RUN_DIR ...]`` tabulates it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyla.tasks.sraven import RULE_NAMES
+from hyla.train.rundir import TrainedRun, load_trained
+
+__all__ = ["rule_accuracy", "rule_accuracy_markdown"]
+
+
+@torch.no_grad()
+def rule_accuracy(
+    run: str | Path | TrainedRun, split: str, num: int = 4096, batch_size: int = 512, seed: int = 0
+) -> dict[str, Any]:
+    """Accuracy of ``num`` problems of ``split`` (``torch.Generator().manual_seed(seed)``, in batches of
+    ``batch_size``; the model on the CPU in eval mode), overall and per rule.
+
+    Returns ``acc`` (problems with every slot right), ``slot_acc`` (slots right), ``rule_slot_acc`` and
+    ``rule_slots`` (per rule name: the accuracy of the slots of that rule, their count; a rule no slot had
+    is left out), and ``run``, ``split``, ``num``, ``weights``."""
+    if num < 1:
+        raise ValueError(f"num={num} must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    run_dir, cfg, task, model, weights, _step = run if isinstance(run, TrainedRun) else load_trained(run)
+    if cfg.data.task != "sraven":
+        raise ValueError(f"{run_dir}: accuracy by rule is measured for sraven runs, not {cfg.data.task!r} ones")
+    task.check_split(split)
+    gen = torch.Generator().manual_seed(seed)
+    num_rules, f = len(RULE_NAMES), task.num_features
+    right_R = torch.zeros(num_rules, dtype=torch.long)
+    slots_R = torch.zeros(num_rules, dtype=torch.long)
+    solved = 0
+    for start in range(0, num, batch_size):
+        batch = task.sample(min(batch_size, num - start), split, gen)
+        logits_BxFxV = model(batch.inputs, last_positions=f)[:, -f:]
+        right_BxF = logits_BxFxV.argmax(-1) == batch.targets
+        rule_BxF = task.answer_slot_rules(batch.info)
+        right_R += torch.bincount(rule_BxF[right_BxF], minlength=num_rules)
+        slots_R += torch.bincount(rule_BxF.flatten(), minlength=num_rules)
+        solved += int(right_BxF.all(1).sum())
+    seen = [r for r in range(num_rules) if slots_R[r] > 0]
+    return {
+        "run": str(run_dir),
+        "split": split,
+        "num": num,
+        "weights": weights,
+        "acc": solved / num,
+        "slot_acc": int(right_R.sum()) / int(slots_R.sum()),
+        "rule_slot_acc": {RULE_NAMES[r]: int(right_R[r]) / int(slots_R[r]) for r in seen},
+        "rule_slots": {RULE_NAMES[r]: int(slots_R[r]) for r in seen},
+    }
+
+
+def rule_accuracy_markdown(results: list[dict[str, Any]], names: list[str] | None = None) -> list[str]:
+    """One table per split: a row per rule (slot accuracy, %), then all slots and whole problems; a column
+    per run (``names``, default the run directories' names)."""
+    names = names or [Path(r["run"]).name for r in results]
+    lines: list[str] = []
+    for split in dict.fromkeys(r["split"] for r in results):
+        cols = [(n, r) for n, r in zip(names, results, strict=True) if r["split"] == split]
+        nums = sorted({r["num"] for _, r in cols})
+        lines += [
+            f"Split `{split}` ({', '.join(f'{n:,}' for n in nums)} problems): accuracy (%) of the answer slots "
+            "by their feature's rule, of all slots, and of whole problems (all slots right).",
+            "",
+            "| | " + " | ".join(n for n, _ in cols) + " |",
+            "|---|" + "---|" * len(cols),
+        ]
+        for rule in RULE_NAMES:
+            cells = [f"{100 * r['rule_slot_acc'][rule]:.1f}" if rule in r["rule_slot_acc"] else "-" for _, r in cols]
+            lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+        lines.append("| all slots | " + " | ".join(f"{100 * r['slot_acc']:.1f}" for _, r in cols) + " |")
+        lines.append("| **problems** | " + " | ".join(f"**{100 * r['acc']:.1f}**" for _, r in cols) + " |")
+        lines.append("")
+    return lines
