@@ -305,6 +305,7 @@ def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> N
     got = rule_accuracy(trained, "ood", num=96, batch_size=32, seed=3)
     gen = torch.Generator().manual_seed(3)
     right: dict[str, list[bool]] = {}
+    kept: dict[bool, list[bool]] = {True: [], False: []}
     solved = []
     with torch.no_grad():
         for _ in range(3):  # the same three batches of 32
@@ -318,12 +319,17 @@ def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> N
                     ok = bool(predicted[n, i] == batch.info["grid"][n, 2, 2, i])
                     right.setdefault(rule, []).append(ok)
                     slots.append(ok)
+                    columns = [int((batch.info["perm"][n, c] == feature).nonzero()) for c in range(3)]
+                    kept[columns == [i, i, i]].append(ok)
                 solved.append(all(slots))
     assert got["acc"] == pytest.approx(np.mean(solved))
     assert got["slot_acc"] == pytest.approx(np.mean([ok for oks in right.values() for ok in oks]))
     assert got["rule_slots"] == {rule: len(oks) for rule, oks in right.items()}
     assert got["rule_slot_acc"] == pytest.approx({rule: np.mean(oks) for rule, oks in right.items()})
     assert 0 < got["slot_acc"] < 1  # a tiny model gets some slots right and some wrong: the count could fail
+    assert (got["kept_slots"], got["moved_slots"]) == (len(kept[True]), len(kept[False]))
+    assert got["kept_slots"] > 0 and got["moved_slots"] > 0
+    assert (got["kept_slot_acc"], got["moved_slot_acc"]) == pytest.approx((np.mean(kept[True]), np.mean(kept[False])))
 
 
 def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, tmp_path: Path, capsys) -> None:
@@ -332,7 +338,7 @@ def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, 
     assert main([*args, "--splits", "test", "ood", "--out", str(out)]) == 0
     text = out.with_suffix(".md").read_text()
     assert text.count("| | a | b |") == 2 and "Split `test`" in text and "Split `ood`" in text
-    assert all(f"| {rule} |" in text for rule in RULE_NAMES)
+    assert all(f"| {rule} |" in text for rule in RULE_NAMES) and "| the others |" in text
     saved = json.loads(out.with_suffix(".json").read_text())
     assert [r["split"] for r in saved] == ["test", "test", "ood", "ood"]
     assert saved[0]["acc"] == saved[1]["acc"]  # the same run on the same problems

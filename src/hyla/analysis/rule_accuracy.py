@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from hyla.tasks.sraven import RULE_NAMES
 from hyla.train.rundir import TrainedRun, load_trained
 
-__all__ = ["rule_accuracy", "rule_accuracy_markdown"]
+__all__ = ["feature_keeps_its_slot", "rule_accuracy", "rule_accuracy_markdown"]
 
 
 @torch.no_grad()
@@ -28,7 +29,9 @@ def rule_accuracy(
 
     Returns ``acc`` (problems with every slot right), ``slot_acc`` (slots right), ``rule_slot_acc`` and
     ``rule_slots`` (per rule name: the accuracy of the slots of that rule, their count; a rule no slot had
-    is left out), and ``run``, ``split``, ``num``, ``weights``."""
+    is left out), ``kept_slot_acc`` / ``kept_slots`` and ``moved_slot_acc`` / ``moved_slots`` (the slots whose
+    feature sits in the same slot in every column, :func:`feature_keeps_its_slot`, and the others; None
+    without any), and ``run``, ``split``, ``num``, ``weights``."""
     if num < 1:
         raise ValueError(f"num={num} must be >= 1")
     if batch_size < 1:
@@ -41,6 +44,7 @@ def rule_accuracy(
     num_rules, f = len(RULE_NAMES), task.num_features
     right_R = torch.zeros(num_rules, dtype=torch.long)
     slots_R = torch.zeros(num_rules, dtype=torch.long)
+    right_kept = kept = 0
     solved = 0
     for start in range(0, num, batch_size):
         batch = task.sample(min(batch_size, num - start), split, gen)
@@ -49,8 +53,12 @@ def rule_accuracy(
         rule_BxF = task.answer_slot_rules(batch.info)
         right_R += torch.bincount(rule_BxF[right_BxF], minlength=num_rules)
         slots_R += torch.bincount(rule_BxF.flatten(), minlength=num_rules)
+        kept_BxF = feature_keeps_its_slot(batch.info["perm"])
+        right_kept += int((right_BxF & kept_BxF).sum())
+        kept += int(kept_BxF.sum())
         solved += int(right_BxF.all(1).sum())
     seen = [r for r in range(num_rules) if slots_R[r] > 0]
+    moved = int(slots_R.sum()) - kept
     return {
         "run": str(run_dir),
         "split": split,
@@ -60,7 +68,17 @@ def rule_accuracy(
         "slot_acc": int(right_R.sum()) / int(slots_R.sum()),
         "rule_slot_acc": {RULE_NAMES[r]: int(right_R[r]) / int(slots_R[r]) for r in seen},
         "rule_slots": {RULE_NAMES[r]: int(slots_R[r]) for r in seen},
+        "kept_slot_acc": right_kept / kept if kept else None,
+        "kept_slots": kept,
+        "moved_slot_acc": (int(right_R.sum()) - right_kept) / moved if moved else None,
+        "moved_slots": moved,
     }
+
+
+def feature_keeps_its_slot(perm_BxGxF: Tensor) -> Tensor:
+    """``B x F``: whether answer slot i's feature sits in slot i in every column (``perm[:, c, i]`` the same for
+    all c), so that no search across the columns' permutations is needed to find it."""
+    return (perm_BxGxF == perm_BxGxF[:, -1:]).all(1)
 
 
 def rule_accuracy_markdown(results: list[dict[str, Any]], names: list[str] | None = None) -> list[str]:
@@ -82,6 +100,9 @@ def rule_accuracy_markdown(results: list[dict[str, Any]], names: list[str] | Non
             cells = [f"{100 * r['rule_slot_acc'][rule]:.1f}" if rule in r["rule_slot_acc"] else "-" for _, r in cols]
             lines.append(f"| {rule} | " + " | ".join(cells) + " |")
         lines.append("| all slots | " + " | ".join(f"{100 * r['slot_acc']:.1f}" for _, r in cols) + " |")
+        for key, label in (("kept", "slots whose feature keeps its slot in every column"), ("moved", "the others")):
+            cells = [f"{100 * r[f'{key}_slot_acc']:.1f}" if r[f"{key}_slot_acc"] is not None else "-" for _, r in cols]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("| **problems** | " + " | ".join(f"**{100 * r['acc']:.1f}**" for _, r in cols) + " |")
         lines.append("")
     return lines
