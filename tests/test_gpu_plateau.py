@@ -1,0 +1,73 @@
+"""benchmarks/gpu_plateau.sh on the CPU at tiny sizes, as two device calls would run it: the first trains the
+seeds as one stack until its minutes are spent (SIGTERM, a checkpoint) and packs their records; the second
+resumes the stack and packs the checkpoints too (CHECKPOINTS=1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from tiny import tiny_overrides
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu_plateau.sh"
+RUN = "results/gpu_plateau/hyla-seeds3-4"
+
+
+def test_two_calls_train_one_stack_and_resume_it(tmp_path: Path) -> None:
+    tiny = tiny_overrides(steps=100_000, every=100)
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "SEEDS": "3,4",
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        # the paper config's attention dropout and split stay: only the sizes and the schedule are tiny
+        "EXTRA": " ".join(o for o in tiny if not o.startswith(("data.split_seed", "model.attention_dropout"))),
+    }
+
+    def call(name: str, **more: str) -> str:
+        archive = tmp_path / f"{name}.tar.gz"
+        done = subprocess.run(
+            ["bash", str(SCRIPT)],
+            env={**env, "MINUTES": "0.4", "ARCHIVE": str(archive), **more},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    first = call("a")
+    assert "2 stacked runs (sraven_seed3, sraven_seed4)" in first, first[-3000:]
+    assert "exit 124: 0 finished, 124 stopped at the deadline" in first
+    reached = {
+        s: int(re.search(rf"seed{s}: logged to step (\d+); OOD % at each evaluation: 100:", first).group(1))
+        for s in (3, 4)
+    }
+    with tarfile.open(tmp_path / "a.tar.gz") as tar:
+        assert set(tar.getnames()) == {f"{RUN}/seed{s}/{f}" for s in (3, 4) for f in ("config.yaml", "metrics.jsonl")}
+    config = (tmp_path / RUN / "seed3" / "config.yaml").read_text()
+    assert "split_seed: 0" in config and "attention_dropout: 0.1" in config and "seed: 3" in config
+
+    second = call("b", CHECKPOINTS="1")
+    assert ", resumed;" in second
+    again = int(re.search(r"seed3: logged to step (\d+)", second).group(1))
+    assert again > reached[3]
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {f"{RUN}/seed{s}/checkpoints/latest" for s in (3, 4)} <= names
+    assert any(
+        n.endswith(
+            "seed4/checkpoints/"
+            + (tmp_path / RUN / "seed4/checkpoints/latest").read_text().strip()
+            + "/model.safetensors"
+        )
+        for n in names
+    )
