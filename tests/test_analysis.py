@@ -306,6 +306,9 @@ def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> N
     gen = torch.Generator().manual_seed(3)
     right: dict[str, list[bool]] = {}
     kept: dict[bool, list[bool]] = {True: [], False: []}
+    swaps: list[bool] = []  # per missed slot: its prediction is another slot's answer
+    swaps_by_rule: dict[str, list[bool]] = {}
+    chance: list[float] = []
     solved = []
     with torch.no_grad():
         for _ in range(3):  # the same three batches of 32
@@ -321,6 +324,11 @@ def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> N
                     slots.append(ok)
                     columns = [int((batch.info["perm"][n, c] == feature).nonzero()) for c in range(3)]
                     kept[columns == [i, i, i]].append(ok)
+                    if not ok:
+                        answers = [int(batch.info["grid"][n, 2, 2, k]) for k in range(4)]
+                        swaps.append(int(predicted[n, i]) in answers[:i] + answers[i + 1 :])
+                        swaps_by_rule.setdefault(rule, []).append(swaps[-1])
+                        chance.append(len(set(answers[:i] + answers[i + 1 :]) - {answers[i]}) / 7)
                 solved.append(all(slots))
     assert got["acc"] == pytest.approx(np.mean(solved))
     assert got["slot_acc"] == pytest.approx(np.mean([ok for oks in right.values() for ok in oks]))
@@ -330,6 +338,10 @@ def test_rule_accuracy_matches_a_problem_by_problem_count(sraven_run: Path) -> N
     assert (got["kept_slots"], got["moved_slots"]) == (len(kept[True]), len(kept[False]))
     assert got["kept_slots"] > 0 and got["moved_slots"] > 0
     assert (got["kept_slot_acc"], got["moved_slot_acc"]) == pytest.approx((np.mean(kept[True]), np.mean(kept[False])))
+    assert got["misses"] == len(swaps) > 0
+    assert got["swap_miss_fraction"] == pytest.approx(np.mean(swaps))
+    assert got["swap_miss_fraction_by_chance"] == pytest.approx(np.mean(chance))
+    assert got["rule_swap_miss_fraction"] == pytest.approx({rule: np.mean(v) for rule, v in swaps_by_rule.items()})
 
 
 def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, tmp_path: Path, capsys) -> None:
@@ -337,8 +349,9 @@ def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, 
     args = ["analyze", "rules", str(sraven_run), str(sraven_run), "--num", "64", "--names", "a", "b"]
     assert main([*args, "--splits", "test", "ood", "--out", str(out)]) == 0
     text = out.with_suffix(".md").read_text()
-    assert text.count("| | a | b |") == 2 and "Split `test`" in text and "Split `ood`" in text
+    assert text.count("| | a | b |") == 4 and "Split `test`" in text and "Split `ood`" in text
     assert all(f"| {rule} |" in text for rule in RULE_NAMES) and "| the others |" in text
+    assert text.count("| all missed slots |") == 2
     saved = json.loads(out.with_suffix(".json").read_text())
     assert [r["split"] for r in saved] == ["test", "test", "ood", "ood"]
     assert saved[0]["acc"] == saved[1]["acc"]  # the same run on the same problems
@@ -347,3 +360,14 @@ def test_analyze_rules_cli_tables_and_errors(sraven_run: Path, fuzzy_run: Path, 
     assert "--names gives 1 names for 2 runs" in capsys.readouterr().err
     assert main(["analyze", "rules", str(fuzzy_run), "--num", "8"]) == 2
     assert "accuracy by rule is measured for sraven runs, not 'fuzzy_logic' ones" in capsys.readouterr().err
+
+
+def test_answers_of_other_slots_by_hand() -> None:
+    from hyla.analysis.rule_accuracy import answers_of_other_slots
+
+    targets = torch.tensor([[1, 1, 2, 3], [0, 0, 0, 5]])
+    predicted = torch.tensor([[2, 0, 1, 3], [5, 0, 7, 0]])
+    swapped, chance = answers_of_other_slots(predicted, targets, num_values=8)
+    assert swapped.tolist() == [[True, False, True, False], [True, True, False, True]]
+    # distinct answers of the other slots, less the slot's own: {2,3}, {2,3}, {1,3}, {1,2}; {5}, {5}, {5}, {0}
+    assert chance.flatten().tolist() == pytest.approx([2 / 7] * 4 + [1 / 7] * 4)
