@@ -83,7 +83,7 @@ def test_a_checkpoint_from_another_device_type_resumes_with_a_fresh_data_stream(
     stream begins anew, seeded by the run and the step, with a warning; each such resume draws alike."""
     from safetensors.torch import load_file, save_file
 
-    from hyla.train.engine import DeviceChangeWarning
+    from hyla.train.checkpoint import DeviceChangeWarning
 
     args = tiny("sraven", steps=8)
     assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
@@ -94,7 +94,7 @@ def test_a_checkpoint_from_another_device_type_resumes_with_a_fresh_data_stream(
     save_file(rng, str(rng_file))
     subprocess.run(["cp", "-r", str(tmp_path / "b"), str(tmp_path / "c")], check=True)
     for run in ("b", "c"):
-        with pytest.warns(DeviceChangeWarning, match="step 4 holds a data stream of another device type than cpu"):
+        with pytest.warns(DeviceChangeWarning, match="run 0's data stream was saved on another device type than cpu"):
             assert main(["train", *args, "--out", str(tmp_path / run), "--quiet", "--resume"]) == 0
     after = {run: [r for r in read_metrics(tmp_path / run) if r["step"] > 4] for run in "abc"}
     assert after["b"] == after["c"] and len(after["b"]) == len(after["a"]) > 0

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,27 @@ from hyla.textio import write_text_atomic
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or belongs to another configuration."""
+
+
+class DeviceChangeWarning(UserWarning):
+    """A checkpoint resumed on another device type than it was made on: its random streams begin anew."""
+
+
+def restore_generator(gen: torch.Generator, saved: torch.Tensor, fresh_seed: int, what: str) -> None:
+    """Put a checkpoint's generator state ``saved`` (uint8) into ``gen``. A state saved on another device type (a
+    CPU generator's is 5,056 bytes, a CUDA one's 16) cannot go on here: ``gen`` then begins anew from
+    ``fresh_seed``, which the caller fixes by the run and the step so that every such resume draws alike, and a
+    :class:`DeviceChangeWarning` names ``what``."""
+    if saved.numel() == gen.get_state().numel():
+        gen.set_state(saved)
+        return
+    gen.manual_seed(fresh_seed)
+    warnings.warn(
+        f"{what} was saved on another device type than {gen.device.type}; it is drawn anew from here (seeded by "
+        "the run and the step), so the run does not retrace what the checkpoint's device would have trained",
+        DeviceChangeWarning,
+        stacklevel=3,
+    )
 
 
 @dataclass

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -37,7 +36,7 @@ from torch import Tensor, nn
 
 from hyla.tasks.base import Batch, Task
 from hyla.train.build import build_task, sized_config
-from hyla.train.checkpoint import CheckpointError, TrainingState
+from hyla.train.checkpoint import CheckpointError, TrainingState, restore_generator
 from hyla.train.config import ExperimentConfig
 from hyla.train.fast import (
     StepGraph,
@@ -46,10 +45,6 @@ from hyla.train.fast import (
     keep_compiled_code_apart,
     uses_cudagraphs,
 )
-
-
-class DeviceChangeWarning(UserWarning):
-    """A checkpoint resumed on another device type than it was made on: its random streams begin anew."""
 
 
 @dataclass
@@ -345,7 +340,8 @@ class Engine(ABC):
             raise CheckpointError(f"checkpoint does not fit this model/optimizer: {err}") from err
         self._store_run(r, model, optimizer)
         rng = state.rng
-        self._load_data_stream(r, rng[f"data_rank{self.dist.rank}"].to(torch.uint8), state.step)
+        data = rng[f"data_rank{self.dist.rank}"].to(torch.uint8)
+        restore_generator(self.data_gens[r], data, self._data_seed(r, state.step), f"run {r}'s data stream")
         if self.dropout_gens:
             if self._dropout_key in rng:  # a checkpoint from a CPU continued on CUDA draws anew from here
                 self.dropout_gens[r].set_state(rng[self._dropout_key].to(torch.uint8))
@@ -358,25 +354,6 @@ class Engine(ABC):
         """Run ``r``'s data-stream seed on this rank; ``step > 0``: a stream begun anew after ``step`` updates."""
         seed = self.cfgs[r].data_seed * 1009 + self.dist.rank
         return seed if step == 0 else seed * 1_000_003 + step
-
-    def _load_data_stream(self, r: int, saved: Tensor, step: int) -> None:
-        """Continue run ``r``'s data stream from a checkpoint's generator state ``saved``.
-
-        A state saved on another device type (a CPU generator's is 5,056 bytes, a CUDA one's 16) cannot go on
-        here: the stream then begins anew from a seed fixed by the run and ``step``, so that every resume of that
-        checkpoint on this device type draws the same batches, and a warning says so."""
-        gen = self.data_gens[r]
-        if saved.numel() == gen.get_state().numel():
-            gen.set_state(saved)
-            return
-        gen.manual_seed(self._data_seed(r, step))
-        warnings.warn(
-            f"run {r}: the checkpoint at step {step} holds a data stream of another device type than "
-            f"{self.device.type}; its batches from here on are drawn anew (seeded by the run and the step), "
-            "so the run does not retrace what the checkpoint's device would have trained",
-            DeviceChangeWarning,
-            stacklevel=3,
-        )
 
     @property
     def _dropout_key(self) -> str:
