@@ -46,12 +46,13 @@ echo "== trained for $(( $(date +%s) - start )) s (exit $rc: 0 finished, 124 sto
 
 # the OOD accuracy of each seed at each evaluation, and the step each reached
 "$py" - "$run" <<'PY'
-import json, sys
+import sys
 from pathlib import Path
 
+from hyla.train.rundir import has_record, read_run
+
 for seed_dir in sorted(Path(sys.argv[1]).glob("seed*"), key=lambda p: int(p.name[4:])):
-    path = seed_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = read_run(seed_dir).metrics if has_record(seed_dir) else []
     ood = [f"{r['step']}:{100 * r['acc']:.1f}" for r in rows if r.get("split") == "ood"]
     last = max((r["step"] for r in rows), default=0)
     print(f"{seed_dir.name}: logged to step {last}; OOD % at each evaluation: {' '.join(ood) or '-'}")

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_a_checkpoint_from_another_device_type_resumes_with_a_fresh_data_stream(
     rng = load_file(str(rng_file))
     rng["data_rank0"] = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's state: seed and offset
     save_file(rng, str(rng_file))
-    subprocess.run(["cp", "-r", str(tmp_path / "b"), str(tmp_path / "c")], check=True)
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
     for run in ("b", "c"):
         with pytest.warns(DeviceChangeWarning, match="run 0's data stream was saved on another device type than cpu"):
             assert main(["train", *args, "--out", str(tmp_path / run), "--quiet", "--resume"]) == 0

@@ -14,6 +14,7 @@ from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
 from hyla.analysis.rule_accuracy import rule_accuracy, rule_accuracy_markdown
 from hyla.textio import error_line
+from hyla.train.rundir import load_trained
 
 
 def cmd_latents(args: argparse.Namespace) -> int:
@@ -62,13 +63,11 @@ def cmd_topsim(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    results = [rule_accuracy(run, split, args.num, seed=args.seed) for split in args.splits for run in args.runs]
-    names = [Path(run).name for _ in args.splits for run in args.runs] if args.names is None else None
-    if args.names is not None:
-        if len(args.names) != len(args.runs):
-            raise ValueError(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run")
-        names = [name for _ in args.splits for name in args.names]
-    lines = rule_accuracy_markdown(results, names)
+    if args.names is not None and len(args.names) != len(args.runs):
+        raise ValueError(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run")
+    trained = [load_trained(run) for run in args.runs]  # each model read once, for every split
+    results = [rule_accuracy(run, split, args.num, seed=args.seed) for split in args.splits for run in trained]
+    lines = rule_accuracy_markdown(results, None if args.names is None else args.names * len(args.splits))
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)
