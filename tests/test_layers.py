@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: importing ``hyla`` is layer 0) and offers ``hyla.load``, which imports the trainer's loader lazily.
 LAYERS = {
     "runtime": 0,
+    "cpu": 0,
     "textio": 0,
     "attention": 0,
     "tasks": 0,

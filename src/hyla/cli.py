@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from hyla import cpu
 from hyla.runtime import tune_cpu_allocator
 from hyla.textio import print_warnings_on_one_line
 
@@ -40,6 +41,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``hyla ARGV``. As the process's own entry (``argv`` None) it may first re-execute itself once with
+    MKL's vendor check overridden (:mod:`hyla.cpu`; ``HYLA_FAST_BLAS=off`` turns that off)."""
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=command)
@@ -47,8 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if command is None else 2
-    tune_cpu_allocator()
     print_warnings_on_one_line()
+    try:
+        cpu.setting()  # a bad value is one line, called in-process too
+        if own_process:
+            cpu.reexec_with_override(argv)
+    except ValueError as err:
+        print(f"hyla: error: {err}", file=sys.stderr)
+        return 2
+    tune_cpu_allocator()
     return int(args.func(args) or 0)
 
 

@@ -7,6 +7,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -64,3 +65,18 @@ def cpuinfo_field(name: str) -> str | None:
 def cpu_model() -> str:
     """The CPU's model name, e.g. ``"AMD EPYC 7B13"``; ``platform`` 's guess off Linux."""
     return cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def c_compiler() -> str | None:
+    """The system C compiler that hyla builds its small libraries with: ``HYLA_CC``, else ``cc``, ``gcc`` or
+    ``clang``, the first found on ``PATH``; None without one."""
+    for name in (os.environ.get("HYLA_CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def cache_dir(kind: str) -> Path:
+    """Where hyla caches what it builds (``kind``: ``kernels``, ``blas``): ``HYLA_CACHE_DIR``, default
+    ``~/.cache/hyla``, then ``kind``."""
+    return Path(os.environ.get("HYLA_CACHE_DIR", Path.home() / ".cache" / "hyla")) / kind

@@ -126,6 +126,7 @@ def fingerprint() -> dict[str, object]:
     import torch
 
     from hyla.attention.kernels.c import wrapper
+    from hyla.cpu import blas_path
 
     try:
         wrapper.load_library()
@@ -143,6 +144,7 @@ def fingerprint() -> dict[str, object]:
         "c_compiler": cc.splitlines()[0] if cc else None,
         "c_flags": list(wrapper.build_flags()),
         "c_kernel": kernel,
+        "blas": blas_path(),  # MKL's kernels chosen by CPU vendor or overridden (hyla.cpu)
     }
 
 

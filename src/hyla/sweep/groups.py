@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hyla import cpu
 from hyla.attention.kernels.c.wrapper import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
@@ -79,6 +80,7 @@ def provenance(device: str) -> dict[str, Any]:
         made["cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # PyTorch's kernels (ATEN_CPU_CAPABILITY)
         made["kernel_march"] = target_march()  # the C kernel's -march
         made["kernel_source"] = source_digest()  # and its version: a new kernel may sum in another order
+        made["blas"] = cpu.blas_path()  # which library's kernels sum the matrix products (hyla.cpu)
     return made
 
 
@@ -88,7 +90,10 @@ ROUNDING_SETTINGS: dict[str, str | None] = {
     "cpu_capability": "ATEN_CPU_CAPABILITY",
     "kernel_march": MARCH_ENV,
     "kernel_source": None,
+    "blas": cpu.SETTING_ENV,
 }
+#: a recorded value -> the value of its setting that gives it again, where the two differ
+PIN_VALUES: dict[str, dict[str, str]] = {"blas": {"mkl": "off", "mkl+vendor_override": "on"}}
 
 
 def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
@@ -101,7 +106,11 @@ def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
         return None
     was = ", ".join(f"{k}={last[k]}" for k in changed)
     now = ", ".join(f"{k}={made[k]}" for k in changed)
-    pins = [f"set {ROUNDING_SETTINGS[k]}={str(last[k]).lower()}" for k in changed if ROUNDING_SETTINGS[k]]
+    pins = [
+        f"set {ROUNDING_SETTINGS[k]}={PIN_VALUES.get(k, {}).get(last[k], str(last[k]).lower())}"
+        for k in changed
+        if ROUNDING_SETTINGS[k]
+    ]
     if any(ROUNDING_SETTINGS[k] is None for k in changed):
         pins.append(f"train from a worktree of commit {last.get('commit', '?')}")
     pin = " and ".join(pins)

@@ -33,7 +33,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -45,7 +44,7 @@ from torch import Tensor
 from hyla.attention.config import AttentionConfig
 from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
 from hyla.attention.kernels.errors import CpuKernelUnavailableError
-from hyla.runtime import cpuinfo_field
+from hyla.runtime import c_compiler, cache_dir, cpuinfo_field
 
 SOURCE = Path(__file__).with_name("hyla_cpu.c")
 BASE_FLAGS = (
@@ -64,11 +63,7 @@ _LIBRARY: ctypes.CDLL | None = None
 _LOAD_ERROR: str | None = None
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("HYLA_CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
+_compiler = c_compiler  # a module global, so that tests can take the compiler away
 
 
 def target_march() -> str:
@@ -113,7 +108,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256(
         "\n".join([SOURCE.read_text(), " ".join(flags), version, _cpu_signature()]).encode()
     ).hexdigest()[:16]
-    cache = Path(os.environ.get("HYLA_CACHE_DIR", Path.home() / ".cache" / "hyla")) / "kernels"
+    cache = cache_dir("kernels")
     target = cache / f"hyla_cpu_{key}.so"
     if target.exists():
         return target
