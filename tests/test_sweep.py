@@ -23,7 +23,7 @@ from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
 from hyla.train.rundir import run_state
 from hyla.train.sweepfile import check_slurm, load_sweep
-from tiny import tiny_overrides, torch_threads
+from tiny import HANG_GUARD_S, tiny_overrides, torch_threads
 
 #: the tiny size of the sweeps here
 TINY_SWEEP_OVERRIDES = tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -179,7 +179,7 @@ def test_a_killed_piece_keeps_its_record_and_the_next_piece_completes_the_run(
     assert piece["from_step"] == 0 and piece["to_step"] == 8 and piece["ended"] and piece["wall_s"] > 0
 
     cmd = [sys.executable, "-c", SIGKILL_AFTER_STEP_6, "sweep", str(path), "--root", str(parts)]
-    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     run = parts / "tiny" / "hyla-seed0"
     [started] = read_jsonl(run / "made_by.jsonl")  # what it was, though it never said how it ended
@@ -484,7 +484,7 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
     executor.update_parameters(timeout_min=60)
     job = executor.submit(sweep_launch.GroupJob(str(path), str(root), "cpu", []), [s.name for s in sweep.runs()])
     run = root / sweep.runs()[0].name
-    hang_guard = time.monotonic() + 30 * 60  # only ends a hang; the wait is for the first checkpoint
+    hang_guard = time.monotonic() + HANG_GUARD_S  # only ends a hang; the wait is for the first checkpoint
     while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < hang_guard and not job.done():
         time.sleep(0.1)
     assert not job.done(), "the run ended before it could be preempted: give it more steps"
@@ -633,7 +633,7 @@ def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp
     cmd = [sys.executable, "-m", "hyla", "sweep", str(path), "--root", str(root), "--jobs", "2"]
     # Waits below are for events (two runs training, the sweep exiting), however long a busy machine takes
     # to spawn and import; the bound only ends a sweep that hangs, it does not time anything.
-    hang_guard_s = 30 * 60
+    hang_guard_s = HANG_GUARD_S
     sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started: list[Path] = []
