@@ -1,4 +1,4 @@
-"""benchmarks/authors_sraven_resumable.py: the authors' SRAVEN training, stopped and resumed, ends where an
+"""benchmarks/authors/authors_sraven_resumable.py: the authors' SRAVEN training, stopped and resumed, ends where an
 uninterrupted run does (bitwise), with the same log.
 
 Runs their code (smonsays/hypernetwork-attention) in its own JAX venv at a tiny size, so it is skipped where
@@ -20,7 +20,7 @@ import pytest
 from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL, HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "authors_sraven_resumable.py"
+SCRIPT = REPO / "benchmarks" / "authors" / "authors_sraven_resumable.py"
 AUTHORS_VENV = Path(os.environ.get("AUTHORS_VENV", "/work/authors/venv"))
 AUTHORS_CODE = Path(os.environ.get("AUTHORS_CODE", "/work/authors/code"))
 PYTHON = AUTHORS_VENV / "bin" / "python"
@@ -250,7 +250,7 @@ def test_their_initial_draw_becomes_our_weights(tmp_path: Path, cache: Path) -> 
     assert out.returncode == 0, out.stderr[-3000:]
     assert not (tmp_path / "run" / "resume.pkl").exists()  # nothing trained
     weights = tmp_path / "init.safetensors"
-    tool = REPO / "benchmarks" / "authors_equivalence.py"
+    tool = REPO / "benchmarks" / "authors" / "authors_equivalence.py"
     done = subprocess.run(
         [sys.executable, str(tool), "import-init", "--their-init", str(dump), "--out", str(weights)],
         capture_output=True,

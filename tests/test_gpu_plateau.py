@@ -1,4 +1,4 @@
-"""benchmarks/gpu_plateau.sh on the CPU at tiny sizes, as two device calls would run it: the first trains the
+"""benchmarks/gpu/gpu_plateau.sh on the CPU at tiny sizes, as two device calls would run it: the first trains the
 seeds as one stack until its stop (a checkpoint) and packs their records; the second resumes the stack and packs
 the checkpoints too (CHECKPOINTS=1). The stops are steps (STOP_AT_STEP), not minutes: where a call stops never
 depends on how busy this machine is (the stop at a deadline, SIGTERM, has its own tests in test_sweep.py)."""
@@ -15,7 +15,7 @@ from pathlib import Path
 from tiny import HANG_GUARD_S, tiny_overrides
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "gpu_plateau.sh"
+SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_plateau.sh"
 RUN = "results/gpu_plateau/hyla-seeds3-4"
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_sraven_verdict.sh, as two device calls would run it, on the CPU at tiny sizes: the first call
+"""benchmarks/gpu/gpu_sraven_verdict.sh, as two device calls would run it, on the CPU at tiny sizes: the first call
 trains the authors' SRAVEN HYLA (two seeds at once, stopped by SIGTERM after their first step) and then
 our SRAVEN HYLA row, and packs one archive; the second, from that archive, continues their runs where they
 stopped, to a step (their --stop_after). Every stop is on a count, never on this machine's speed: the budget
@@ -23,7 +23,7 @@ import yaml
 from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL, HANG_GUARD_S, tiny_overrides
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "gpu_sraven_verdict.sh"
+SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_sraven_verdict.sh"
 AUTHORS_VENV = Path(os.environ.get("AUTHORS_VENV", "/work/authors/venv"))
 AUTHORS_CODE = Path(os.environ.get("AUTHORS_CODE", "/work/authors/code"))
 AUTHORS_PYTHON = AUTHORS_VENV / "bin" / "python"
@@ -172,8 +172,7 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
 
 def test_gpu_paper_refuses_an_unknown_stage_before_training(tmp_path: Path) -> None:
     env = {**os.environ, "STAGES": "sraven-hyla 2-sraven", "PYTHON": sys.executable, "ARCHIVE": str(tmp_path / "x")}
-    done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_paper.sh")], env=env, cwd=tmp_path, capture_output=True, text=True
-    )
+    script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
+    done = subprocess.run(script, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2 and "unknown stage 2-sraven in STAGES" in done.stderr, done.stderr
     assert "== stage" not in done.stdout and not (tmp_path / "x").exists()

@@ -1,4 +1,4 @@
-"""benchmarks/refit_weights.py keeps a record's weights only when its retrain retraces the record."""
+"""benchmarks/authors/refit_weights.py keeps a record's weights only when its retrain retraces the record."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hyla.train.loop import Trainer
 from hyla.train.rundir import FINAL_WEIGHTS, load_trained
 from tiny import tiny_overrides, torch_threads
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "refit_weights.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "authors" / "refit_weights.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import refit_weights as refit  # noqa: E402
 

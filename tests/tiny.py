@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 #: counts (steps), never on this
 HANG_GUARD_S = 30 * 60
 
-#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors_sraven_resumable.py);
+#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors/authors_sraven_resumable.py);
 #: warmup must stay below the schedule (optax needs decay_steps > 0)
 AUTHORS_TINY_BATCH = 8
 AUTHORS_TINY_MODEL = [

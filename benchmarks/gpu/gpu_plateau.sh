@@ -5,7 +5,7 @@
 # ours has one finished run, which did not.
 #
 # The device call (nothing to prepare; the working tree carries the code):
-#   run(command="MINUTES=6 bash benchmarks/gpu_plateau.sh", timeout_s=480)
+#   run(command="MINUTES=6 bash benchmarks/gpu/gpu_plateau.sh", timeout_s=480)
 # timeout_s must exceed MINUTES * 60 by a minute (start, the stop's checkpoint, the packing).
 #
 # At the deadline the stack gets SIGTERM, saves a checkpoint and exits; a later call in the same session continues
