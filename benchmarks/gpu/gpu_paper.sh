@@ -56,7 +56,7 @@ case "${1:-}" in
 esac
 if [ "${PLAN:-0}" = 1 ]; then plan; exit $?; fi
 for name in $stages; do  # every name checked before anything trains
-  "$py" -m hyla.sweep.queue args "$name" >/dev/null || { echo "unknown stage $name in STAGES" >&2; exit 2; }
+  "$py" -m hyla.sweep.queue args "$name" >/dev/null || exit 2  # its error names the stage and the allowed ones
 done
 if [ -n "${RESUME_FROM:-}" ]; then
   tar -xzf "$RESUME_FROM"
