@@ -53,7 +53,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# The CPU tables in results/ (see each file for its exact command); benchmarks/gpu_*.sh for a GPU.
+# The CPU tables in results/ (see each file for its exact command); benchmarks/gpu/ for a GPU.
 bench: $(STAMP)
 	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 --json results/bench_step_sraven_cpu.json
 	$(BIN)/hyla bench step --task fuzzy_logic --variants softmax,linear,hyla --steps 30 --json results/bench_step_fuzzy_cpu.json

@@ -1,4 +1,4 @@
-"""benchmarks/authors_equivalence.py: our weights in the authors' flax layout, and its comparison step.
+"""benchmarks/authors/authors_equivalence.py: our weights in the authors' flax layout, and its comparison step.
 
 The authors' code itself needs JAX (its own venv, not ours); these tests check the parts that run here: the
 layout mapping against our own modules' arithmetic, and the verdict of ``compare`` on made-up results."""
@@ -16,7 +16,7 @@ import torch
 from hyla.train.build import build_model, build_task
 from hyla.train.config import load_config
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "authors_equivalence.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "authors" / "authors_equivalence.py"
 sys.path.insert(0, str(SCRIPT.parent))
 from authors_equivalence import to_their_layout  # noqa: E402
 

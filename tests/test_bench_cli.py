@@ -137,11 +137,11 @@ def test_bench_step_reads_the_paper_models_from_the_task_configs() -> None:
 
 
 def test_profile_step_lists_the_ops_with_the_most_self_time(tmp_path: Path) -> None:
-    """benchmarks/profile_step.py (the A/B suite's profile, run against either side's checkout)."""
+    """benchmarks/speed/profile_step.py (the A/B suite's profile, run against either side's checkout)."""
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_step.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "speed" / "profile_step.py"
     out = tmp_path / "profile.json"
     args = ["--task", "fuzzy_logic", "--variant", "hyla", "--steps", "1", "--warmup", "1", "--top", "4"]
     done = subprocess.run([sys.executable, str(script), *args, "--json", str(out)], capture_output=True, text=True)

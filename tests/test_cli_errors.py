@@ -16,6 +16,7 @@ import yaml
 
 from hyla.cli import main
 from hyla.train.config import dump_config, load_config
+from tiny import HANG_GUARD_S
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -142,7 +143,7 @@ def test_slurm_launcher_without_slurm(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_the_command_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     cmd = [sys.executable, "-m", "hyla", "sweep", str(bad_yaml(tmp_path)), "--dry-run"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     problem = "expected ',' or '}', but got '<stream end>' (while parsing a flow mapping)"
     assert done.returncode == 2
     assert (

@@ -50,7 +50,7 @@ def test_rows_are_chosen_by_in_distribution_validation_never_by_ood(tmp_path: Pa
     assert "| hyla | 0.001 | 3/3 | 90.00 +- 0.00 | 85.00 +- 0.00 |" in text
     assert "Commits: abc1234." in text and "wall time so far: 0.10 h" in text
     assert (tmp_path / "out" / "paper" / "table_a1_tiny_ood.png").read_bytes()[:4] == b"\x89PNG"
-    assert "Not run yet (`benchmarks/authors_side_by_side.sh`)" in text
+    assert "Not run yet (`benchmarks/authors/authors_side_by_side.sh`)" in text
 
 
 def test_a_grid_point_with_fewer_finished_seeds_does_not_win_on_one_seed(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: a fenced block right after this line is an example that must run
@@ -18,7 +20,6 @@ MARKER = "<!-- runnable -->"
 FENCE = re.compile(r"^<!-- runnable -->\n```(\w+)\n(.*?)\n```$", re.S | re.M)
 #: what an example sees of the repository from its scratch folder (read-only use: examples write under runs/)
 SHARED = ("configs", "results", "src", "benchmarks")
-TIMEOUT_S = 240
 
 
 def runnable_examples() -> list[tuple[str, str, str]]:
@@ -58,7 +59,7 @@ def test_example_runs(example_id: str, language: str, code: str, tmp_path: Path)
         command = ["bash", "-euo", "pipefail", "-c", code]
     else:
         raise AssertionError(f"{example_id}: runnable examples are python or bash, not {language!r}")
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, f"{example_id} failed:\n{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
 
 
@@ -123,4 +124,4 @@ def test_hyla_load_gives_back_a_trained_run(tmp_path: Path) -> None:
 
 def test_import_hyla_stays_light() -> None:
     code = "import sys, hyla; assert 'hyla.train' not in sys.modules and callable(hyla.load)"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_GUARD_S)

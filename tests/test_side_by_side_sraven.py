@@ -1,4 +1,4 @@
-"""benchmarks/side_by_side_sraven.py reads the authors' SRAVEN log and our metrics onto the same steps."""
+"""benchmarks/authors/side_by_side_sraven.py reads the authors' SRAVEN log and our metrics onto the same steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "side_by_side_sraven.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "authors" / "side_by_side_sraven.py"
 
 
 def test_bins_and_evaluations_line_up(tmp_path: Path) -> None:

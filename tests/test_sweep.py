@@ -23,7 +23,7 @@ from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
 from hyla.train.rundir import run_state
 from hyla.train.sweepfile import check_slurm, load_sweep
-from tiny import tiny_overrides, torch_threads
+from tiny import HANG_GUARD_S, tiny_overrides, torch_threads
 
 #: the tiny size of the sweeps here
 TINY_SWEEP_OVERRIDES = tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -179,7 +179,7 @@ def test_a_killed_piece_keeps_its_record_and_the_next_piece_completes_the_run(
     assert piece["from_step"] == 0 and piece["to_step"] == 8 and piece["ended"] and piece["wall_s"] > 0
 
     cmd = [sys.executable, "-c", SIGKILL_AFTER_STEP_6, "sweep", str(path), "--root", str(parts)]
-    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     run = parts / "tiny" / "hyla-seed0"
     [started] = read_jsonl(run / "made_by.jsonl")  # what it was, though it never said how it ended
@@ -484,7 +484,7 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
     executor.update_parameters(timeout_min=60)
     job = executor.submit(sweep_launch.GroupJob(str(path), str(root), "cpu", []), [s.name for s in sweep.runs()])
     run = root / sweep.runs()[0].name
-    hang_guard = time.monotonic() + 30 * 60  # only ends a hang; the wait is for the first checkpoint
+    hang_guard = time.monotonic() + HANG_GUARD_S  # only ends a hang; the wait is for the first checkpoint
     while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < hang_guard and not job.done():
         time.sleep(0.1)
     assert not job.done(), "the run ended before it could be preempted: give it more steps"
@@ -505,7 +505,7 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
 
 
 def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> None:
-    """benchmarks/gpu_paper.sh, as device calls would run it, with tiny sweeps on the CPU: a call whose
+    """benchmarks/gpu/gpu_paper.sh, as device calls would run it, with tiny sweeps on the CPU: a call whose
     budget is too short for any stage trains nothing and says how many runs are left, a call with enough
     budget trains them all, a call after that trains nothing. Whether a stage runs depends only on the
     budget given, never on how fast this machine is (stopping mid-run at --max-minutes has its own test)."""
@@ -533,11 +533,12 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
         "PYTHON": sys.executable,
         "PYTHONPATH": str(repo / "src"),
         "OMP_NUM_THREADS": "1",
+        "STAGES": "fuzzy sraven-main sraven-rest",
     }
 
     def call(where: str, minutes: str, **more: str) -> subprocess.CompletedProcess[str]:
         (tmp_path / where).mkdir(exist_ok=True)
-        script = ["bash", str(repo / "benchmarks" / "gpu_paper.sh")]
+        script = ["bash", str(repo / "benchmarks" / "gpu" / "gpu_paper.sh")]
         run_env = {**env, "MINUTES": minutes, "ARCHIVE": str(tmp_path / f"{where}.tar.gz"), **more}
         done = subprocess.run(script, env=run_env, cwd=tmp_path / where, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
@@ -550,9 +551,9 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     # 6 s: under the 20 s the script wants before a stage, however little of it has passed
     skipped = call("a", "0.1")
     assert [line for line in skipped.stdout.splitlines() if line.startswith("budget spent")] == [
-        "budget spent before stage 1-fuzzy",
-        "budget spent before stage 2-sraven-main",
-        "budget spent before stage 3-sraven-rest",
+        "budget spent before stage fuzzy",
+        "budget spent before stage sraven-main",
+        "budget spent before stage sraven-rest",
     ]
     assert "== stage" not in skipped.stdout and "not done yet (6 runs left)" in skipped.stdout, skipped.stdout
     assert "  left: records/tiny_fuzzy_logic/softmax-seed0" in skipped.stdout.splitlines(), skipped.stdout
@@ -577,7 +578,7 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     # machine comes near, so every stage starts and every run ends by its steps, not by the clock
     trained = call("b", "600", RESUME_FROM=str(tmp_path / "a.tar.gz"))
     stages = [line.split(" (")[0] for line in trained.stdout.splitlines() if line.startswith("== stage")]
-    assert stages == ["== stage 1-fuzzy", "== stage 2-sraven-main", "== stage 3-sraven-rest"], trained.stdout
+    assert stages == ["== stage fuzzy", "== stage sraven-main", "== stage sraven-rest"], trained.stdout
     assert "all done" in trained.stdout, trained.stdout
     rows = ("softmax", "linear", "hyla")
     runs = [tmp_path / "b" / "records" / f"tiny_{t}" / f"{row}-seed0" for t in files for row in rows]
@@ -633,7 +634,7 @@ def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp
     cmd = [sys.executable, "-m", "hyla", "sweep", str(path), "--root", str(root), "--jobs", "2"]
     # Waits below are for events (two runs training, the sweep exiting), however long a busy machine takes
     # to spawn and import; the bound only ends a sweep that hangs, it does not time anything.
-    hang_guard_s = 30 * 60
+    hang_guard_s = HANG_GUARD_S
     sweep = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started: list[Path] = []

@@ -20,7 +20,7 @@ from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 from hyla.train.optim import lr_at
-from tiny import sigterm_after_step, tiny_overrides
+from tiny import HANG_GUARD_S, sigterm_after_step, tiny_overrides
 
 
 def tiny(task: str, steps: int = 8, **extra: object) -> list[str]:
@@ -275,7 +275,7 @@ def test_ddp_on_gloo_with_two_processes(tmp_path: Path) -> None:
     ]
     # the timeout only ends a hang (e.g. a rank waiting for the other forever); two ranks of 6 tiny steps
     # need seconds, so a busy machine never comes near it
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30 * 60)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert {r["split"] for r in rows if r["step"] == 6} >= {

@@ -1,4 +1,4 @@
-"""benchmarks/trajectory_sraven.py: our side of the trajectory comparison and its control, at a tiny size."""
+"""benchmarks/authors/trajectory_sraven.py: our side of the trajectory comparison and its control, at a tiny size."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "trajectory_sraven.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "authors" / "trajectory_sraven.py"
 TINY = ["model.num_layers=1", "model.emb_dim=16", "model.num_heads=2", "model.qk_dim=8", "model.v_dim=8"]
 
 

@@ -12,7 +12,12 @@ if TYPE_CHECKING:
     import torch
 
 
-#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors_sraven_resumable.py);
+#: seconds after which a test gives up on a subprocess or an awaited event: a guard against a hang, never a
+#: measure of speed (a busy 2-core machine may take minutes where an idle one takes seconds); tests stop runs on
+#: counts (steps), never on this
+HANG_GUARD_S = 30 * 60
+
+#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors/authors_sraven_resumable.py);
 #: warmup must stay below the schedule (optax needs decay_steps > 0)
 AUTHORS_TINY_BATCH = 8
 AUTHORS_TINY_MODEL = [

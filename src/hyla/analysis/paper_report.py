@@ -340,7 +340,7 @@ def replace_readme_table(text: str, table: str) -> str:
 def side_by_side_section(path: Path) -> str:
     """Mean +- s.e. OOD R^2 (%) at each evaluation step, per (code, setup, variant), from ``curves.json``."""
     if not path.is_file():
-        return "## Side by side with the authors' code\n\nNot run yet (`benchmarks/authors_side_by_side.sh`).\n"
+        return "## Side by side with the authors' code\n\nNot run yet (`benchmarks/authors/authors_side_by_side.sh`).\n"
     data = json.loads(path.read_text())
     every = int(data.get("meta", {}).get("eval_every", 0))
 
@@ -357,8 +357,8 @@ def side_by_side_section(path: Path) -> str:
     lines = [
         "## Side by side with the authors' code (short schedule)",
         "",
-        "Generated from `results/side_by_side/curves.json` (`benchmarks/authors_side_by_side.sh`, "
-        "`benchmarks/side_by_side.py`; analysis in `results/side_by_side/README.md`). OOD R^2 (%) on the "
+        "Generated from `results/side_by_side/curves.json` (`benchmarks/authors/authors_side_by_side.sh`, "
+        "`benchmarks/authors/side_by_side.py`; analysis in `results/side_by_side/README.md`). OOD R^2 (%) on the "
         "held-out term combinations (their split `test`), mean +- s.e. over seeds.",
         "",
         "| code | setup | variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",

@@ -184,6 +184,8 @@ def bench_variant(
         "full_run_steps": full_steps,
         "projected_train_min": {"lone": full_steps * lone_s / 60, "stacked": full_steps * stacked_s / 60},
     }
+    if device.startswith("cuda"):  # both trainers were alive together: the stack's peak plus the lone run's
+        result["peak_memory_gib_lone_and_stack"] = torch.cuda.max_memory_allocated() / 2**30
     if others:
         result["other_stack_forwards"] = {
             mode: {

@@ -56,6 +56,12 @@ def estimate_seconds(
                 trainer.close()
         cache[arch] = (per_step, eval_s)
     per_step, eval_s = cache[arch]
+    return seconds_left(cfg, per_step, eval_s, from_step)
+
+
+def seconds_left(cfg: ExperimentConfig, per_step: float, eval_s: float, from_step: int = 0) -> float:
+    """Seconds the run of ``cfg`` has left from ``from_step`` at ``per_step`` seconds a step and ``eval_s``
+    an evaluation (the dry run's measurement here, the GPU queue's measured rates there)."""
     t = cfg.train
     evals = math.ceil(t.steps / t.eval_every) - from_step // t.eval_every
     return per_step * (t.steps - from_step) + eval_s * max(evals, 0)

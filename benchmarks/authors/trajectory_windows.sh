@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One window of #38 part 3's trajectory comparison: ours and the authors' SRAVEN HYLA training from the same
 # state on the same batches in float64, compared after every update, with the control (ours on the direct
-# form of the attention) beside it. The steps are benchmarks/trajectory_sraven.py's; this only chains them.
+# form of the attention) beside it. The steps are benchmarks/authors/trajectory_sraven.py's; this only chains them.
 #
-#   benchmarks/trajectory_windows.sh NAME START STEPS DROPOUT [nodirect|onlydirect]
+#   benchmarks/authors/trajectory_windows.sh NAME START STEPS DROPOUT [nodirect|onlydirect]
 #
 # START: `scratch` (our seed-0 initial weights), a checkpoint folder (RUN/checkpoints/step-N), or `rerun:N`
 # (our seed-0 paper config trained to update N first, for a checkpoint there); DROPOUT: 1 hands our keep-masks
@@ -14,7 +14,7 @@
 # AUTHORS_CODE (default /work/authors/code) and AUTHORS_VENV (default /work/authors/venv).
 set -euo pipefail
 name=$1 start=$2 steps=$3 dropout=$4 control=${5:-direct}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 py=${PY:-$repo/.venv/bin/python}
 AUTHORS_CODE=${AUTHORS_CODE:-/work/authors/code} AUTHORS_VENV=${AUTHORS_VENV:-/work/authors/venv}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$repo/src
@@ -34,16 +34,16 @@ elif [ "$start" != scratch ]; then
   args+=(--start "$start")
 fi
 if [ "$control" != onlydirect ]; then
-  "$py" benchmarks/trajectory_sraven.py ours "${args[@]}" > "$D/ours.log" 2>&1
+  "$py" benchmarks/authors/trajectory_sraven.py ours "${args[@]}" > "$D/ours.log" 2>&1
   XLA_FLAGS=--xla_disable_hlo_passes=onednn-matmul-rewriter PYTHONPATH=$AUTHORS_CODE \
-    "$AUTHORS_VENV/bin/python" benchmarks/trajectory_sraven.py theirs --float64-schedule --name theirs_f64lr \
+    "$AUTHORS_VENV/bin/python" benchmarks/authors/trajectory_sraven.py theirs --float64-schedule --name theirs_f64lr \
     --out "$D" > "$D/theirs.log" 2>&1
-  "$py" benchmarks/trajectory_sraven.py compare --out "$D" --b theirs_f64lr \
+  "$py" benchmarks/authors/trajectory_sraven.py compare --out "$D" --b theirs_f64lr \
     --json "$R/trajectory_sraven_hyla_${tag}_ours_vs_theirs_f64lr.json" > "$D/cmp_theirs.txt"
   head -4 "$D/cmp_theirs.txt"
 fi
 [ "$control" = nodirect ] && exit 0
-"$py" benchmarks/trajectory_sraven.py ours "${args[@]}" --backend direct --name direct > "$D/direct.log" 2>&1
-"$py" benchmarks/trajectory_sraven.py compare --out "$D" --b direct \
+"$py" benchmarks/authors/trajectory_sraven.py ours "${args[@]}" --backend direct --name direct > "$D/direct.log" 2>&1
+"$py" benchmarks/authors/trajectory_sraven.py compare --out "$D" --b direct \
   --json "$R/trajectory_sraven_hyla_${tag}_ours_vs_ours_direct.json" > "$D/cmp_direct.txt"
 head -4 "$D/cmp_direct.txt"

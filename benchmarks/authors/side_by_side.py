@@ -1,4 +1,4 @@
-"""Collect the side-by-side fuzzy-logic curves (benchmarks/authors_side_by_side.sh) into one JSON file.
+"""Collect the side-by-side fuzzy-logic curves (benchmarks/authors/authors_side_by_side.sh) into one JSON file.
 
 Reads the authors' StandardLogger logs (``AUTHORS_LOGS/<variant>-seed<S>/event.log``) and our
 ``OURS_RUNS/<setup>/<variant>-seed<S>/metrics.jsonl`` and writes ``results/side_by_side/curves.json``;
@@ -10,7 +10,7 @@ line is the metrics of the training batch at that step (our ``train_batch``). Th
 the number of updates made (evaluation at loop step k is logged as k + 1, so 1, 501, 1001 and the final
 1100); their numbers are printed with 4 decimals, so they are read back at that precision.
 
-Usage: .venv/bin/python benchmarks/side_by_side.py [--authors-logs DIR] [--ours-runs DIR] [--out FILE]
+Usage: .venv/bin/python benchmarks/authors/side_by_side.py [--authors-logs DIR] [--ours-runs DIR] [--out FILE]
        [--keep results/side_by_side/curves.json]  # keep the runs made in earlier sessions
 """
 
@@ -31,18 +31,18 @@ import numpy as np
 
 from hyla.train.rundir import read_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 THEIR_SPLITS = {"test": "ood", "ood": "unseen_terms", "train": "train_batch"}
 LINE = re.compile(r"\]\s*step:\s*(\d+)\s*(.*)$")
 PAIR = re.compile(r"([A-Za-z0-9_]+):\s*(-?[0-9.]+(?:e[-+]?\d+)?|nan|-?inf)")
 RUN_DIR = re.compile(r"^(?P<variant>[a-z_]+)-seed(?P<seed>\d+)$")
 STACKED_DIR = re.compile(r"^(?P<variant>[a-z_]+)-stacked$")
 COMMANDS = [
-    "AUTHORS_CODE=/work/authors/code AUTHORS_VENV=/work/authors/venv benchmarks/authors_side_by_side.sh venv",
-    "benchmarks/authors_side_by_side.sh authors VARIANT SEED  # their run.py via a stub launcher, see the script",
-    "benchmarks/authors_side_by_side.sh ours SETUP VARIANT SEED  # hyla train fuzzy_logic ... --out DIR --quiet",
-    "benchmarks/authors_side_by_side.sh ours-stacked SETUP VARIANT 0,1,2  # hyla train ... --seeds 0,1,2",
-    ".venv/bin/python benchmarks/side_by_side.py",
+    "AUTHORS_CODE=/work/authors/code AUTHORS_VENV=/work/authors/venv benchmarks/authors/authors_side_by_side.sh venv",
+    "benchmarks/authors/authors_side_by_side.sh authors VARIANT SEED  # their run.py via a stub launcher (the script)",
+    "benchmarks/authors/authors_side_by_side.sh ours SETUP VARIANT SEED  # hyla train fuzzy_logic ... --out DIR",
+    "benchmarks/authors/authors_side_by_side.sh ours-stacked SETUP VARIANT 0,1,2  # hyla train ... --seeds 0,1,2",
+    ".venv/bin/python benchmarks/authors/side_by_side.py",
 ]
 
 

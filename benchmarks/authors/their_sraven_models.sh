@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The authors' finished SRAVEN HYLA seeds (results/gpu_sraven_verdict, 156,250 updates on one H100) as run
 # directories of ours, which `hyla analyze` reads:
-#   bash benchmarks/their_sraven_models.sh OUT_DIR   ->   OUT_DIR/theirs-seed{0,1,2}/{config.yaml,model.safetensors}
+#   bash benchmarks/authors/their_sraven_models.sh OUT_DIR   ->   OUT_DIR/theirs-seed{0,1,2}/{config.yaml,model.safetensors}
 # RUNS="seed0-init1 seed1-init0" takes the swaps instead (their states at commit a025a0a: about 63,500 updates).
 # Their final states left the tree after commit a025a0a: each is read from git there, its params written by
 # authors_sraven_resumable.py --dump_trained (their venv) and imported by authors_equivalence.py import-run (the
@@ -21,7 +21,7 @@ for run in ${RUNS:-seed0 seed1 seed2}; do
   state=$out/state-$run
   mkdir -p "$state"
   state=$(cd "$state" && pwd)  # the driver wants an absolute log_dir
-  git -C "$here/.." show "$commit:results/gpu_sraven_verdict/authors/sraven-hyla-$run/resume.pkl" > "$state/resume.pkl"
+  git -C "$here/../.." show "$commit:results/gpu_sraven_verdict/authors/sraven-hyla-$run/resume.pkl" > "$state/resume.pkl"
   AUTHORS_CODE=$code JAX_PLATFORMS=cpu "$venv/bin/python" "$here/authors_sraven_resumable.py" \
     "--config=configs/raven.py:raven_3x3_4features;linear_hypatt" --config.seed="$seed" \
     --config.log_dir="$state" --logger=standard --dump_trained="$state/params.npz"

@@ -13,10 +13,10 @@ update, to find the first step where they part (issue #38, part 3):
 
 Three steps, since their code needs its own environment (JAX, flax; never a dependency of ours)::
 
-    .venv/bin/python benchmarks/trajectory_sraven.py ours --steps 1500 --float64 --out DIR
+    .venv/bin/python benchmarks/authors/trajectory_sraven.py ours --steps 1500 --float64 --out DIR
     XLA_FLAGS=--xla_disable_hlo_passes=onednn-matmul-rewriter PYTHONPATH=$AUTHORS_CODE \\
-        $AUTHORS_VENV/bin/python benchmarks/trajectory_sraven.py theirs --out DIR
-    .venv/bin/python benchmarks/trajectory_sraven.py compare --out DIR [--json FILE]
+        $AUTHORS_VENV/bin/python benchmarks/authors/trajectory_sraven.py theirs --out DIR
+    .venv/bin/python benchmarks/authors/trajectory_sraven.py compare --out DIR [--json FILE]
 
 ``ours`` writes ``ours_batches.npz`` (initial weights in their layout, the batches as uint8) and
 ``ours_steps.npz`` (per update: loss, gradient norm, parameter norm; the parameters after the updates in

@@ -10,14 +10,14 @@ and compares, on the same batch of problems, in eval mode (no dropout):
 
 Three steps, because their code needs its own environment (JAX, flax; never a dependency of ours):
 
-    .venv/bin/python benchmarks/authors_equivalence.py ours --run RUN_DIR --out /tmp/eq   # or --init VARIANT
+    .venv/bin/python benchmarks/authors/authors_equivalence.py ours --run RUN_DIR --out /tmp/eq   # or --init VARIANT
     XLA_FLAGS=--xla_disable_hlo_passes=onednn-matmul-rewriter PYTHONPATH=$AUTHORS_CODE \\
-        $AUTHORS_VENV/bin/python benchmarks/authors_equivalence.py theirs --out /tmp/eq
-    .venv/bin/python benchmarks/authors_equivalence.py compare --out /tmp/eq
+        $AUTHORS_VENV/bin/python benchmarks/authors/authors_equivalence.py theirs --out /tmp/eq
+    .venv/bin/python benchmarks/authors/authors_equivalence.py compare --out /tmp/eq
 
 ``import-run --their-init FILE.npz --seed S --out RUN_DIR`` turns their trained params (``authors_sraven_resumable.py
 --dump_trained``) into a run directory of ours (the paper config at seed S with their held-out tasks, and the weights),
-which ``hyla analyze`` reads (``benchmarks/their_sraven_models.sh``).
+which ``hyla analyze`` reads (``benchmarks/authors/their_sraven_models.sh``).
 
 ``import-init --their-init FILE.npz --out W.safetensors`` turns their initial draw (written by
 ``authors_sraven_resumable.py --dump_init``) into our weights, for ``hyla train sraven train.init_weights=W``: our

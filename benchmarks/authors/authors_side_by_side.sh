@@ -1,36 +1,36 @@
 #!/usr/bin/env bash
 # Side by side on the fuzzy-logic task (Table A1 setting, short schedule): the authors' public JAX code
 # (smonsays/hypernetwork-attention) and ours, same data sizes and optimiser, same number of steps.
-# Curves are collected by benchmarks/side_by_side.py into results/side_by_side/curves.json.
+# Curves are collected by benchmarks/authors/side_by_side.py into results/side_by_side/curves.json.
 #
 # Their code is never part of this repository: point AUTHORS_CODE at a checkout of it and AUTHORS_VENV at a
-# Python 3.11 venv made with `benchmarks/authors_side_by_side.sh venv` (CPU jax; the pins below).
+# Python 3.11 venv made with `benchmarks/authors/authors_side_by_side.sh venv` (CPU jax; the pins below).
 # Their run.py imports tensorflow (only to hide GPUs), wandb (a logger we do not use) and the wikitext
 # stack (datasets, sentencepiece, tensorflow_datasets, tensorflow_text) at module level; none of them is
 # used by a fuzzy-logic run with --logger=standard, so a launcher written by this script (outside their
 # code) puts inert stubs for those modules in sys.modules and then runs their run.py unchanged.
 #
 # Usage:
-#   AUTHORS_CODE=/work/authors/code AUTHORS_VENV=/work/authors/venv benchmarks/authors_side_by_side.sh venv
-#   AUTHORS_CODE=... AUTHORS_VENV=... benchmarks/authors_side_by_side.sh all        # (a)+(b)+(c)+(d)
-#   ... benchmarks/authors_side_by_side.sh authors hyla 0       # one run of theirs: variant, seed
-#   ... benchmarks/authors_side_by_side.sh ours authors hyla 0  # one run of ours: setup, variant, seed
-#   ... benchmarks/authors_side_by_side.sh ours-stacked library_defaults hyla 0,1,2  # seeds as one stack
-#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors_side_by_side.sh authors-sraven hyla 0
+#   AUTHORS_CODE=/work/authors/code AUTHORS_VENV=/work/authors/venv benchmarks/authors/authors_side_by_side.sh venv
+#   AUTHORS_CODE=... AUTHORS_VENV=... benchmarks/authors/authors_side_by_side.sh all        # (a)+(b)+(c)+(d)
+#   ... benchmarks/authors/authors_side_by_side.sh authors hyla 0       # one run of theirs: variant, seed
+#   ... benchmarks/authors/authors_side_by_side.sh ours authors hyla 0  # one run of ours: setup, variant, seed
+#   ... benchmarks/authors/authors_side_by_side.sh ours-stacked library_defaults hyla 0,1,2  # seeds as one stack
+#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors/authors_side_by_side.sh authors-sraven hyla 0
 #       # SRAVEN: their configs/raven.py at its full schedule (20M problems, 156,250 steps), stopped once the
 #       # evaluation after STEPS updates is logged; compare with our paper run's metrics.jsonl (same seed)
-#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors_side_by_side.sh authors-sraven-resumable hyla 0
-#       # the same run through benchmarks/authors_sraven_resumable.py (their Experiment.run loop, our driver):
+#   STEPS=10000 EVAL_EVERY=2500 ... benchmarks/authors/authors_side_by_side.sh authors-sraven-resumable hyla 0
+#       # the same run through benchmarks/authors/authors_sraven_resumable.py (their Experiment.run loop, our driver):
 #       # saves resume.pkl every 5 minutes and on SIGTERM/SIGINT, and a later call (same or larger STEPS)
 #       # resumes from it, appending to event.log; stops where authors-sraven does
-#   then: .venv/bin/python benchmarks/side_by_side.py
+#   then: .venv/bin/python benchmarks/authors/side_by_side.py
 #
 # Environment: STEPS (default 1100), EVAL_EVERY (500), AUTHORS_LOGS (runs/side_by_side/authors),
 # OURS_RUNS (runs/side_by_side/hyla), EVAL_PROBLEMS (SRAVEN eval split size, 12800).
 # Checkout used: smonsays/hypernetwork-attention af9805f.
 set -euo pipefail
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 AUTHORS_CODE="${AUTHORS_CODE:-/work/authors/code}"
 AUTHORS_VENV="${AUTHORS_VENV:-/work/authors/venv}"
 STEPS="${STEPS:-1100}"
@@ -175,7 +175,7 @@ run_authors_sraven_resumable() {  # variant seed: as run_authors_sraven, resumab
   # runs in the background with SIGTERM/SIGINT forwarded, so that a signal to this script lets it save first.
   XLA_FLAGS="--xla_disable_hlo_passes=onednn-matmul-rewriter $XLA_FLAGS" \
     AUTHORS_CODE="$AUTHORS_CODE" JAX_PLATFORMS=cpu "$AUTHORS_VENV/bin/python" \
-    "$REPO_ROOT/benchmarks/authors_sraven_resumable.py" \
+    "$REPO_ROOT/benchmarks/authors/authors_sraven_resumable.py" \
     "--config=configs/raven.py:raven_3x3_4features;$model" \
     --config.seed="$seed" --config.data.num_test="$EVAL_PROBLEMS" --config.data.num_ood="$EVAL_PROBLEMS" \
     --config.log_dir="$dir" --eval_every="$EVAL_EVERY" --log_every=250 --logger=standard \

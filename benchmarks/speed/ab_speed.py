@@ -1,4 +1,4 @@
-"""Summarize ``benchmarks/ab_speed.sh``: OUT/{old,new}/*_r<round>.json -> a markdown table on stdout.
+"""Summarize ``benchmarks/speed/ab_speed.sh``: OUT/{old,new}/*_r<round>.json -> a markdown table on stdout.
 
 Each cell is the median over rounds in ms per step; ``new/old`` below 1.00 means the new code is faster.
 """
@@ -60,7 +60,7 @@ def main() -> None:
 
 
 def profiles(out: Path, top: int = 8) -> list[str]:
-    """Per profiled task and variant (``profile_<task>_<variant>.json``, written by ``benchmarks/profile_step.py``
+    """Per profiled task and variant (``profile_<task>_<variant>.json``, written by ``benchmarks/speed/profile_step.py``
     on both sides), the ops with the most self CPU time, old beside new, in ms per step."""
     lines: list[str] = []
     for new_file in sorted((out / "new").glob("profile_*.json")):

@@ -1,7 +1,7 @@
 """SRAVEN side by side: the authors' paper run next to ours, seed by seed, and the verdict table over seeds.
 
-Their run: ``benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED`` (their configs/raven.py at
-its full 156,250-step schedule, resumable, stopped after ``STEPS`` updates), read from
+Their run: ``benchmarks/authors/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED`` (their
+configs/raven.py at its full 156,250-step schedule, resumable, stopped after ``STEPS`` updates), read from
 ``AUTHORS_LOGS/sraven-<variant>-seed<S>/event.log``. Ours: the Table A1 sweep run of the same variant and seed
 (``metrics.jsonl``), which trains the same schedule. Both codes log the number of updates made as the step (their
 loop evaluates after update k + 1 at loop index k, logged k + 1: their evaluation logged 2,501 is listed beside
@@ -27,10 +27,10 @@ evaluation, theirs beside ours, mean +- s.e. over the seeds each has there.
 The held-out rule combinations differ between the two codes for the same seed (theirs: a JAX permutation of
 the 330 combinations, ours: numpy's), 82 of 330 in both.
 
-Usage: .venv/bin/python benchmarks/side_by_side_sraven.py [--variant hyla] [--seed 0] [--authors-logs DIR]
+Usage: .venv/bin/python benchmarks/authors/side_by_side_sraven.py [--variant hyla] [--seed 0] [--authors-logs DIR]
        [--ours-run RUN_DIR] [--bin 1000] [--out FILE]
-       .venv/bin/python benchmarks/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
-       .venv/bin/python benchmarks/side_by_side_sraven.py --their-runs --authors-logs DIR --dir DIR
+       .venv/bin/python benchmarks/authors/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
+       .venv/bin/python benchmarks/authors/side_by_side_sraven.py --their-runs --authors-logs DIR --dir DIR
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def one_seed(args: argparse.Namespace) -> None:
         print(f"| {step} | " + " | ".join(cells) + " |")
 
     meta = {
-        "command": f"{args.authors_command}; benchmarks/side_by_side_sraven.py --variant VARIANT --seed SEED",
+        "command": f"{args.authors_command}; benchmarks/authors/side_by_side_sraven.py --variant VARIANT --seed SEED",
         "authors_devices": authors_devices(authors_dir),
         "machine": machine(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -272,8 +272,8 @@ def main() -> None:
     ap.add_argument("--authors-logs", type=Path, default=SIDE_BY_SIDE / "authors")
     ap.add_argument(
         "--authors-command",
-        default="benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED",
-        help="what made their logs (recorded in the JSON), e.g. benchmarks/gpu_sraven_verdict.sh",
+        default="benchmarks/authors/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED",
+        help="what made their logs (recorded in the JSON), e.g. benchmarks/gpu/gpu_sraven_verdict.sh",
     )
     ap.add_argument("--bin", type=int, default=BIN, help="updates per bin of the training table (default 1000)")
     ap.add_argument("--ours-run", type=Path, help="default: the Table A1 paper run of --variant and --seed")

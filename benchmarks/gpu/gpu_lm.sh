@@ -10,7 +10,7 @@ steps=${STEPS:-6000}  # EXTRA: more KEY=VALUE overrides (e.g. train.eval_every=5
 # Python 3.11, read and tokenized in 21 s on the 2-core CPU machine), seen many times in a 20-minute run. A
 # site-packages folder is larger: the CPU machine's .venv one gives 59M (139 s, once per run). A run's first
 # line says it: `hyla train lm_small train.steps=1 data.corpus=FOLDER --out DIR`. On the GPU machine:
-#   CORPUS=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') STEPS=... bash benchmarks/gpu_lm.sh
+#   CORPUS=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') STEPS=... bash benchmarks/gpu/gpu_lm.sh
 corpus=${CORPUS:-stdlib}
 for v in softmax linear hyla; do
   ${PYTHON:-python3} -m hyla train lm_small model.attention=$v name=lm_small_$v train.steps=$steps \

@@ -3,10 +3,10 @@
 Their ``hyla/data/raven.py`` (``SymbolicRavenGenerator``) orders the 330 rule multisets as
 ``itertools.combinations_with_replacement(range(8), 4)`` (as ours does) and holds out the first
 ``int(330 * 0.25)`` = 82 of ``jax.random.permutation(jax.random.key(seed), 330)``. JAX is never a dependency of
-ours, so the sets are tabulated once, here, in the authors' environment (``benchmarks/authors_side_by_side.sh
+ours, so the sets are tabulated once, here, in the authors' environment (``benchmarks/authors/authors_side_by_side.sh
 venv`` makes it), and ``data.heldout_draw=authors`` reads the table.
 
-Usage: JAX_PLATFORMS=cpu $AUTHORS_VENV/bin/python benchmarks/authors_heldout.py [--seeds 10] [--out FILE]
+Usage: JAX_PLATFORMS=cpu $AUTHORS_VENV/bin/python benchmarks/authors/authors_heldout.py [--seeds 10] [--out FILE]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from itertools import combinations_with_replacement
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "src" / "hyla" / "tasks" / "sraven_authors_heldout.json"
+OUT = Path(__file__).resolve().parents[2] / "src" / "hyla" / "tasks" / "sraven_authors_heldout.json"
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
         "itertools.combinations_with_replacement order) that the authors' code holds out as its 'ood' split for "
         "each seed: jax.random.permutation(jax.random.key(seed), 330)[:82] in hyla/data/raven.py of "
         f"smonsays/hypernetwork-attention af9805f, computed with jax {jax.__version__} (JAX_THREEFRY_PARTITIONABLE "
-        "unset); written by benchmarks/authors_heldout.py."
+        "unset); written by benchmarks/authors/authors_heldout.py."
     )
     lines = ["{", f' "about": {json.dumps(about)},', f' "num_tasks": {num_tasks},', ' "seeds": {']
     rows = [f'  "{k}": {json.dumps(v)}' for k, v in seeds.items()]

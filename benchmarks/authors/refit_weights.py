@@ -3,9 +3,9 @@ that the retrain retraces the record, and only then put ``model.safetensors`` be
 
 Usage (one thread, as the records were trained; resumable: run the same command again)::
 
-    python benchmarks/refit_weights.py results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0 \\
+    python benchmarks/authors/refit_weights.py results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0 \\
         --work runs/refit/hyla-seed0 --from-commit a9077b3 --phase 39472=direct --cpu-march x86-64-v2
-    ATEN_CPU_CAPABILITY=avx2 python benchmarks/refit_weights.py \\
+    ATEN_CPU_CAPABILITY=avx2 python benchmarks/authors/refit_weights.py \\
         results/sweeps/table_a1_fuzzy/softmax-lr0.001-weight_decay0.1-seed0 --work runs/refit/softmax-seed0 \\
         --from-commit f558bce
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     save_weights(record / FINAL_WEIGHTS, load_weights(work / FINAL_WEIGHTS))
     note = {
-        "made_by": "benchmarks/refit_weights.py: retrained from config.yaml, checked against metrics.jsonl",
+        "made_by": "benchmarks/authors/refit_weights.py: retrained from config.yaml, checked against metrics.jsonl",
         "phases": [f"{s}={b}" for s, b in phases],
         "started_from": start,
         "rtol": args.rtol,

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # A/B of the CPU speed tables (training throughput, lone and stacked; step time per attention variant)
 # between another commit and the working tree, on one machine in one sitting, sides alternating over
-# ROUNDS rounds (a shared machine drifts by 10% between commands). Summary: benchmarks/ab_speed.py.
+# ROUNDS rounds (a shared machine drifts by 10% between commands). Summary: benchmarks/speed/ab_speed.py.
 #
-# Usage: benchmarks/ab_speed.sh [OLD_REF] [OUT]   (defaults: 8252169, the commit before the training
+# Usage: benchmarks/speed/ab_speed.sh [OLD_REF] [OUT]   (defaults: 8252169, the commit before the training
 #        restructure into one shell and two engines; results/restructure_speed)
 # Environment: ROUNDS (default 2); SUITE: all (default: the tables above, on the machine's threads) or
 # one-thread-step (the model step of the SRAVEN and fuzzy-logic paper models, softmax and HYLA, attention
 # dropout 0.1 as the paper configs train, on one thread: what a background paper run does; then each side's
-# profile of those steps, benchmarks/profile_step.py). Stop other
+# profile of those steps, benchmarks/speed/profile_step.py). Stop other
 # work on the machine first: the timings are medians of blocks, but two cores shared with anything else
 # measure the other thing.
 set -euo pipefail
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OLD_REF="${1:-8252169}"
 OUT="$(realpath -m "${2:-$REPO_ROOT/results/restructure_speed}")"
 ROUNDS="${ROUNDS:-2}"
@@ -65,10 +65,10 @@ if [ "$SUITE" = one-thread-step ]; then
         [ "$side" = old ] && src="$tmp/old"
         for task in sraven fuzzy_logic; do
             for variant in softmax hyla; do
-                OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/profile_step.py" --task "$task" \
+                OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/speed/profile_step.py" --task "$task" \
                     --variant "$variant" --json "$OUT/$side/profile_${task%_logic}_$variant.json" >/dev/null
             done
         done
     done
 fi
-"$PY" "$REPO_ROOT/benchmarks/ab_speed.py" "$OUT" "$OLD_REF"
+"$PY" "$REPO_ROOT/benchmarks/speed/ab_speed.py" "$OUT" "$OLD_REF"

@@ -1,6 +1,6 @@
 """Check and time the fused HYLA Triton kernel on a CUDA GPU, one launch configuration at a time.
 
-    PYTHONPATH=src python benchmarks/gpu_kernel_probe.py [--seq-len 2048] [--batch-tokens 16384] \
+    PYTHONPATH=src python benchmarks/gpu/gpu_kernel_probe.py [--seq-len 2048] [--batch-tokens 16384] \
         [--budget-s 240] [--json FILE]
 
 1. Correctness at the benchmark's head shape (H=16, E=D=64) on T=300 with a causal mask and a bias, fp32

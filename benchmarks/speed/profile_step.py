@@ -3,16 +3,16 @@
 ops with the most self CPU time, per step.
 
 It calls only what checkouts since the C kernel became a custom op have, so an A/B profiles another commit with
-that commit's code: ``PYTHONPATH=OTHER/src python benchmarks/profile_step.py ...`` (``benchmarks/ab_speed.sh``
-with ``SUITE=one-thread-step`` does, for both sides). The profile covers the warm-up and timed steps and the
-model's construction (a few ms of the seconds profiled).
+that commit's code: ``PYTHONPATH=OTHER/src python benchmarks/speed/profile_step.py ...``
+(``benchmarks/speed/ab_speed.sh`` with ``SUITE=one-thread-step`` does, for both sides). The profile covers the
+warm-up and timed steps and the model's construction (a few ms of the seconds profiled).
 
 How to read it: ``torch.library`` custom ops run their forward inside an autograd node, so with gradients on,
 the C kernel's forward shows as the self time of ``GeneratedBackwardFor_hyla_fused_cpu_attention_default``, not
 of ``hyla::fused_cpu_attention`` (under ``torch.no_grad`` it is the op's own); ``aten::copy_`` with
 ``aten::addmm`` above it is ``nn.Linear`` writing its bias into the output before the matrix product.
 
-Usage: python benchmarks/profile_step.py [--task sraven] [--variant hyla] [--dropout 0.1] [--steps 20]
+Usage: python benchmarks/speed/profile_step.py [--task sraven] [--variant hyla] [--dropout 0.1] [--steps 20]
        [--top 10] [--json FILE]    (set OMP_NUM_THREADS for the thread count)
 """
 

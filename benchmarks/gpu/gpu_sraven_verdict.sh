@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # SRAVEN HYLA on one GPU, theirs then ours (issue #38 part 5), in resumable device calls.
 #
-# The device call (after `benchmarks/gpu_sraven_verdict.sh prepare` here, once):
-#   run(command="MINUTES=8.5 bash benchmarks/gpu_sraven_verdict.sh", carry=[".authors"], timeout_s=600)
+# The device call (after `benchmarks/gpu/gpu_sraven_verdict.sh prepare` here, once):
+#   run(command="MINUTES=8.5 bash benchmarks/gpu/gpu_sraven_verdict.sh", carry=[".authors"], timeout_s=600)
 # A call resumes each run of theirs from its resume.pkl in the working tree; the newest of each is committed
 # (results/gpu_sraven_verdict/README.md), so a later session's call needs nothing more. Within one session, a
 # second call continues from the archive the last one returned (copy its file, or its .part-NNN files, from
 # files_at into the ignored folder .gpu_state/ first), with MINUTES a minute and a half under the device
 # time left, e.g.:
-#   run(command="MINUTES=2.5 RESUME_FROM=.gpu_state/gpu_sraven_verdict.tar.gz bash benchmarks/gpu_sraven_verdict.sh",
+#   run(command="MINUTES=2.5 RESUME_FROM=.gpu_state/gpu_sraven_verdict.tar.gz bash benchmarks/gpu/gpu_sraven_verdict.sh",
 #       carry=[".authors", ".gpu_state"], timeout_s=240)
 # timeout_s must exceed MINUTES * 60 by a minute (the unpacking, the setup and the packing are outside it).
 # What travels: the working tree (~27 MB today), .authors (~3 MB) and the archive (~15 MB with three states of
@@ -17,13 +17,13 @@
 # exits 1.
 #
 # Each call spends its MINUTES in this order:
-#   1. the authors' code (their run.py's setup and Experiment.run loop through benchmarks/authors_sraven_resumable.py;
+#   1. the authors' code (their run.py's setup and Experiment.run loop through benchmarks/authors/authors_sraven_resumable.py;
 #      configs/raven.py unchanged: linear_hypatt, lr 1e-3, wd 0.1, warmup 1000, the full 156,250-step schedule),
 #      seeds AUTHORS_SEEDS (0 1 2, and the swaps 0:1 1:0) as concurrent processes on the one GPU, evaluating every 2,500 steps on
 #      12,800 problems per split, logging every 250; stopped with SIGTERM (they save resume.pkl and exit) when
 #      AUTHORS_MINUTES (default: the whole call) are spent; their steps/s (train_steps_per_sec in event.log) is
 #      printed;
-#   2. what is left: ours, benchmarks/gpu_paper.sh with STAGES (default sraven-hyla: the SRAVEN HYLA row,
+#   2. what is left: ours, benchmarks/gpu/gpu_paper.sh with STAGES (default sraven-hyla: the SRAVEN HYLA row,
 #      every grid point and seed, as stacked runs).
 # RESERVE_S (60) seconds of MINUTES are kept for the stops, the saves and the packing.
 #
@@ -49,7 +49,8 @@
 #   MINUTES [9]  AUTHORS_MINUTES [all]  RESERVE_S [60]  DEVICE [cuda] | cpu (the CPU test: JAX_PLATFORMS=cpu, ours on cpu)
 #   PYTHON [python3]: ours, with PYTHONPATH=src     AUTHORS_PYTHON [$PYTHON]: theirs, with PYTHONPATH=AUTHORS_SITE
 #   AUTHORS_CODE [.authors/code]  AUTHORS_WHEELS [.authors/wheels]  AUTHORS_SITE [.authors/site-cpXY]
-#   AUTHORS_SEEDS ["0 1 2 0:1 1:0"; empty: ours only; S:I = data of seed S, initial state of seed I]
+#   AUTHORS_SEEDS ["0 1 2 0:1 1:0"; empty: ours only; S:I = data of seed S, initial state of seed I; V/S = their
+#     model of our variant V (hyla, softmax, linear; default hyla), e.g. "hyla/0 softmax/0"]
 #   AUTHORS_LOGS [results/gpu_sraven_verdict/authors] (relative)
 #   JAX_DEFAULT_MATMUL_PRECISION [unset: JAX's default, TF32 matmuls on an A100/H100 and on the paper's RTX cards]:
 #     float32 runs theirs in full float32, as on a CPU (noted in each run's stdout.log; give such runs their own
@@ -57,7 +58,7 @@
 #   EVAL_EVERY [2500]  LOG_EVERY [250]  EVAL_PROBLEMS [12800]  SAVE_EVERY_MINUTES [2]  AUTHORS_GRACE_S [120]
 #   AUTHORS_EXTRA: more flags for their runs (the CPU test shrinks the model and the schedule with them)
 #   JAX_CACHE [results/gpu_sraven_verdict/jax_cache; empty: none]
-#   STAGES [sraven-hyla], and for gpu_paper.sh: ROOT, FUZZY, SRAVEN, EXTRA, LATENTS [0], PAPER_OUT
+#   STAGES [sraven-hyla; none: theirs only], and for gpu_paper.sh: ROOT, FUZZY, SRAVEN, EXTRA, LATENTS [0], PAPER_OUT
 #   [results/gpu_sraven_verdict/paper]
 #   ARCHIVE, PART_MIB [15], RESUME_FROM
 set -euo pipefail
@@ -118,7 +119,7 @@ install_site() {  # the wheels their Python lacks, into the site dir
   can_import yaml || want+=("$wheels"/[Pp][Yy][Yy][Aa][Mm][Ll]-*-"$tag"-*.whl)
   if [ "${#want[@]}" -eq 0 ]; then echo "their packages: all importable"; return 0; fi
   for w in "${want[@]}"; do
-    [ -f "$w" ] || { echo "no wheel $w: run \`benchmarks/gpu_sraven_verdict.sh prepare\` here and carry .authors" >&2; return 2; }
+    [ -f "$w" ] || { echo "no wheel $w: run \`benchmarks/gpu/gpu_sraven_verdict.sh prepare\` here and carry .authors" >&2; return 2; }
   done
   echo "installing into $site: ${want[*]##*/}"
   if "$apy" -m pip --version >/dev/null 2>&1; then
@@ -143,7 +144,7 @@ archive=${ARCHIVE:-${OUT:-.}/gpu_sraven_verdict.tar.gz}
 part_bytes=$(awk "BEGIN { print int(${PART_MIB:-15} * 1048576) }")
 jax_cache=${JAX_CACHE-$verdict/jax_cache}
 if [ "${#seeds[@]}" -gt 0 ] && [ ! -f "$code/run.py" ]; then
-  echo "no authors' code at $code: run \`benchmarks/gpu_sraven_verdict.sh prepare\` here and carry .authors" >&2
+  echo "no authors' code at $code: run \`benchmarks/gpu/gpu_sraven_verdict.sh prepare\` here and carry .authors" >&2
   exit 2
 fi
 start=$(date +%s)
@@ -170,11 +171,23 @@ status=0  # 1 once a part failed: the call still goes on, packs what it has and 
 declare -A pid_of=() offset_of=() began_of=() ended_of=()
 # a run of theirs is named by its seed S, or S:I for the swap of part 3 of #38 (split and batches of seed S, initial
 # weights and dropout stream of seed I: the driver's --init_seed)
-authors_dir() { case $1 in *:*) echo "$logs/sraven-hyla-seed${1%%:*}-init${1#*:}" ;; *) echo "$logs/sraven-hyla-seed$1" ;; esac; }
-init_flag() { case $1 in *:*) echo "--init_seed=${1#*:}" ;; esac; }
+# a V/ prefix names their model of our variant V (default hyla)
+variant_of() { case $1 in */*) echo "${1%%/*}" ;; *) echo hyla ;; esac; }
+mixer_of() {
+  case $(variant_of "$1") in
+    hyla) echo linear_hypatt ;; softmax) echo softmax_attention ;; linear) echo linear_attention ;;
+    *) echo "AUTHORS_SEEDS: $1: unknown variant (allowed: hyla, softmax, linear)" >&2; return 2 ;;
+  esac
+}
+authors_dir() {
+  local v s=${1#*/}
+  v=$(variant_of "$1")
+  case $s in *:*) echo "$logs/sraven-$v-seed${s%%:*}-init${s#*:}" ;; *) echo "$logs/sraven-$v-seed$s" ;; esac
+}
+init_flag() { local s=${1#*/}; case $s in *:*) echo "--init_seed=${s#*:}" ;; esac; }
 
 launch_authors() {
-  local seed dir envs extra swap
+  local seed dir envs extra swap mixer
   # their runs see their site dir, not our src/ (both hold a package `hyla`); log_dir is absolute, since the
   # driver imports their run.py from inside their checkout
   envs=(PYTHONPATH="$(abspath "$(site_dir)")" AUTHORS_CODE="$(abspath "$code")" JAX_PLATFORMS="$device"
@@ -188,6 +201,7 @@ launch_authors() {
   read -r -a extra <<< "${AUTHORS_EXTRA:-}"
   for seed in "${seeds[@]}"; do
     dir=$(authors_dir "$seed")
+    mixer=$(mixer_of "$seed")
     if [ -f "$dir/done" ]; then echo "theirs seed $seed: finished before"; continue; fi
     mkdir -p "$dir"
     touch "$dir/stdout.log"
@@ -201,9 +215,9 @@ launch_authors() {
     read -r -a swap <<< "$(init_flag "$seed")"
     # SIGTERM ignored until the driver's handler replaces that (its first lines): a stop sent earlier is lost,
     # and the stop below is sent again every few seconds
-    (trap '' TERM; exec env "${envs[@]}" "$apy" "$here/authors_sraven_resumable.py" \
-      "--config=configs/raven.py:raven_3x3_4features;linear_hypatt" \
-      --config.seed="${seed%%:*}" "${swap[@]}" --config.data.num_test="${EVAL_PROBLEMS:-12800}" \
+    (trap '' TERM; exec env "${envs[@]}" "$apy" "$here/../authors/authors_sraven_resumable.py" \
+      "--config=configs/raven.py:raven_3x3_4features;$mixer" \
+      --config.seed="$(s=${seed#*/}; echo "${s%%:*}")" "${swap[@]}" --config.data.num_test="${EVAL_PROBLEMS:-12800}" \
       --config.data.num_ood="${EVAL_PROBLEMS:-12800}" --config.log_dir="$(abspath "$dir")" \
       --eval_every="${EVAL_EVERY:-2500}" --log_every="${LOG_EVERY:-250}" --logger=standard \
       --save_every_minutes="${SAVE_EVERY_MINUTES:-2}" "${extra[@]}" >> "$dir/stdout.log" 2>&1) &
@@ -325,11 +339,16 @@ ours_s=$(( end_s - $(date +%s) ))
 ours_archive=$(mktemp -u).tar.gz
 ours_log="$verdict/ours-$stamp.log"
 export PYTHONPATH=${PYTHONPATH:-src}
-echo "== ours: benchmarks/gpu_paper.sh, STAGES=${STAGES:-sraven-hyla}, $ours_s s"
 rc=0
+if [ "${STAGES:-}" = none ]; then
+  echo "== ours: none (STAGES=none)"
+  : > "$ours_log"
+else
+echo "== ours: benchmarks/gpu/gpu_paper.sh, STAGES=${STAGES:-sraven-hyla}, $ours_s s"
 MINUTES=$(awk "BEGIN { print $ours_s / 60 }") STAGES=${STAGES:-sraven-hyla} ARCHIVE="$ours_archive" \
   LATENTS=${LATENTS:-0} PAPER_OUT=${PAPER_OUT:-$verdict/paper} DEVICE="$device" PYTHON="$py" RESUME_FROM='' \
   bash "$here/gpu_paper.sh" > "$ours_log" 2>&1 || rc=$?
+fi
 grep -v '^  left: ' "$ours_log" || true
 sraven_name=$("$py" -c "import sys; from hyla.train.sweepfile import load_sweep; print(load_sweep(sys.argv[1]).name)" \
   "${SRAVEN:-table_a1_sraven}" 2>/dev/null || echo table_a1_sraven)

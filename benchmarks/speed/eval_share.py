@@ -1,6 +1,6 @@
 """What share of a paper run's time its evaluations take: one thread, one process, back to back.
 
-    python benchmarks/eval_share.py sraven --variants hyla,softmax --steps 40
+    python benchmarks/speed/eval_share.py sraven --variants hyla,softmax --steps 40
 
 For each variant: the mean time of ``--steps`` training steps of the paper config, the time of one
 evaluation (``train.eval_size`` problems of every split, as the run does every ``train.eval_every``

@@ -10,5 +10,5 @@ export PYTHONPATH=${PYTHONPATH:-src}
 ${PYTHON:-python3} -m hyla bench attention --device cuda --seq-lens 128,256,512,1024,2048,4096,8192 --batch-tokens 16384 \
   --heads 16 --head-dim 64 --variants hyla_direct,hyla_chunked,hyla_fused,sdpa_softmax,eager_softmax,linear \
   --csv "$out/attention_cuda.csv" --json "$out/attention_cuda.json" --plot "$out/attention_cuda.png"
-${PYTHON:-python3} benchmarks/gpu_kernel_probe.py --json "$out/kernel_probe.json"
+${PYTHON:-python3} benchmarks/gpu/gpu_kernel_probe.py --json "$out/kernel_probe.json"
 ${PYTHON:-python3} -m pytest -q -m kernel tests/test_kernels.py | tee "$out/kernel_tests.txt"

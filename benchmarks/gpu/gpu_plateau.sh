@@ -5,7 +5,7 @@
 # ours has one finished run, which did not.
 #
 # The device call (nothing to prepare; the working tree carries the code):
-#   run(command="MINUTES=6 bash benchmarks/gpu_plateau.sh", timeout_s=480)
+#   run(command="MINUTES=6 bash benchmarks/gpu/gpu_plateau.sh", timeout_s=480)
 # timeout_s must exceed MINUTES * 60 by a minute (start, the stop's checkpoint, the packing).
 #
 # At the deadline the stack gets SIGTERM, saves a checkpoint and exits; a later call in the same session continues
@@ -14,7 +14,10 @@
 # $OUT/gpu_plateau.tar.gz: the OOD curve is what the question needs.
 #
 # Environment (defaults in brackets):
-#   MINUTES [6]  SEEDS [3,4,5,6,7,8,9,10]  DEVICE [cuda] | cpu (the CPU test)  PYTHON [python3]
+#   MINUTES [6; none when STOP_AT_STEP is given alone]  SEEDS [3,4,5,6,7,8,9,10]  DEVICE [cuda] | cpu (the CPU
+#     test)  PYTHON [python3]
+#   STOP_AT_STEP: stop the stack with a checkpoint at this step (hyla train --stop-at-step): a stop on a count,
+#     what the CPU test uses instead of a budget a busy machine may miss
 #   RUN [results/gpu_plateau/hyla-seeds<SEEDS with - for ,>]: the stacked run's directory (RUN/seedN per seed);
 #     resumed when it has a checkpoint
 #   EXTRA: more overrides, e.g. "train.tf32=false" (full float32 matmuls; the default, TF32, is what JAX does on
@@ -26,23 +29,29 @@ py=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 seeds=${SEEDS:-3,4,5,6,7,8,9,10}
 run=${RUN:-results/gpu_plateau/hyla-seeds${seeds//,/-}}
-budget_s=$(awk "BEGIN { print int(${MINUTES:-6} * 60) }")
+minutes=${MINUTES:-}
+if [ -z "$minutes" ] && [ -z "${STOP_AT_STEP:-}" ]; then minutes=6; fi
+budget_s=$(awk "BEGIN { print int(${minutes:-0} * 60) }")  # 0: no deadline
 archive=${ARCHIVE:-${OUT:-.}/gpu_plateau.tar.gz}
 read -r -a extra <<< "${EXTRA:-}"
 
 resume=()
 if compgen -G "$run/seed*/checkpoints/latest" >/dev/null; then resume=(--resume); fi
-echo "== ours: SRAVEN HYLA seeds $seeds as one stack on $device, $budget_s s${resume:+, resumed}; extra: ${extra[*]:-none}"
+stop=()
+if [ -n "${STOP_AT_STEP:-}" ]; then stop=(--stop-at-step "$STOP_AT_STEP"); fi
+limit=()
+if [ "$budget_s" -gt 0 ]; then limit=(timeout -s TERM "$budget_s"); fi
+echo "== ours: SRAVEN HYLA seeds $seeds as one stack on $device, ${minutes:+$budget_s s}${stop[*]:+ to step $STOP_AT_STEP}${resume:+, resumed}; extra: ${extra[*]:-none}"
 start=$(date +%s)
 rc=0
 # train.fast: the CUDA graph on a GPU, torch.compile on a CPU (the test runs what a GPU call runs).
 # data.split_seed=0: every seed holds out seed 0's tasks, so that the seeds train as one stack (with the paper's
 # split, which follows the seed, they would train one after another); the batches, the initial draw and the
 # dropout masks still follow each seed.
-timeout -s TERM "$budget_s" "$py" -m hyla train sraven model.attention=hyla train.fast=true data.split_seed=0 \
+"${limit[@]}" "$py" -m hyla train sraven model.attention=hyla train.fast=true data.split_seed=0 \
   "${extra[@]}" \
-  --seeds "$seeds" --device "$device" --out "$run" --quiet "${resume[@]}" || rc=$?
-echo "== trained for $(( $(date +%s) - start )) s (exit $rc: 0 finished, 124 stopped at the deadline with a checkpoint)"
+  --seeds "$seeds" --device "$device" --out "$run" --quiet "${resume[@]}" "${stop[@]}" || rc=$?
+echo "== trained for $(( $(date +%s) - start )) s (exit $rc: 0 finished or stopped at STOP_AT_STEP, 124 stopped at the deadline; both with a checkpoint)"
 
 # the OOD accuracy of each seed at each evaluation, and the step each reached
 "$py" - "$run" <<'PY'

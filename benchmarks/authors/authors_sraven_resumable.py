@@ -1,7 +1,7 @@
 """The authors' SRAVEN training (smonsays/hypernetwork-attention run.py), resumable.
 
 Our code, not theirs: run with the authors' venv python (never imported by the ``hyla`` package), usually through
-``benchmarks/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED``. It builds their experiment exactly
+``benchmarks/authors/authors_side_by_side.sh authors-sraven-resumable VARIANT SEED``. It builds their experiment exactly
 as their run.py ``main()`` does and runs the body of their ``Experiment.run`` loop unchanged (same
 ``train_step``, same logging and evaluation, same step numbers in ``event.log``), but it walks the training
 batches by index, drawing batch ``i`` as their ``SyntheticDataloader`` does (``sample_fn`` with
@@ -21,11 +21,11 @@ key), while the held-out split, the training batches and the evaluation problems
 Recorded in the state file; a resume with another value is refused.
 
 ``--dump_init=FILE.npz``: write the initial params (after ``--init_seed``) and exit without training, for
-``benchmarks/authors_equivalence.py import-init`` (our training from their initial draw).
+``benchmarks/authors/authors_equivalence.py import-init`` (our training from their initial draw).
 
 ``--dump_trained=FILE.npz``: write the params of the state file in ``--config.log_dir`` (a run stopped or finished
-by this driver) and exit, for ``benchmarks/authors_equivalence.py import-run`` (their trained model as a run directory
-of ours, which ``hyla analyze`` reads).
+by this driver) and exit, for ``benchmarks/authors/authors_equivalence.py import-run`` (their trained model as a run
+directory of ours, which ``hyla analyze`` reads).
 
 ``--stop_after=N``: stop after N updates, except that when loop step N is an evaluation step (their
 ``step % eval_every == 0`` on the loop index), loop step N is run too, so that its evaluation, logged as step
@@ -34,7 +34,7 @@ N + 1, is in the log; this is where ``authors_side_by_side.sh authors-sraven`` s
 Usage (flags as their run.py, plus --stop_after and --save_every_minutes)::
 
     AUTHORS_CODE=/work/authors/code JAX_PLATFORMS=cpu /work/authors/venv/bin/python \\
-        benchmarks/authors_sraven_resumable.py "--config=configs/raven.py:raven_3x3_4features;linear_hypatt" \\
+        benchmarks/authors/authors_sraven_resumable.py "--config=configs/raven.py:raven_3x3_4features;linear_hypatt" \\
         --config.seed=0 --config.log_dir=DIR --eval_every=2500 --log_every=250 --logger=standard --stop_after=10000
 """
 
@@ -123,7 +123,7 @@ def last_loop_index(stop_after: int | None, eval_every: int, num_batches: int) -
 
 def dump_params(path: str, params: Any, mixer: str) -> None:
     """Their flax params as a flat .npz (``a/b/c`` names, ``__mixer__`` = their sequence_mixer), which
-    ``benchmarks/authors_equivalence.py import-init`` (or ``import-run``) turns into our weights."""
+    ``benchmarks/authors/authors_equivalence.py import-init`` (or ``import-run``) turns into our weights."""
     import jax
     import numpy as np
 
@@ -286,7 +286,7 @@ def main(argv: list[str]) -> int:
 
 def run_main(argv: list[str]) -> int:
     """main(), after which SIGTERM/SIGINT are ignored: Python's shutdown puts back their default action, and a
-    stop sent again after the state was saved (benchmarks/gpu_sraven_verdict.sh repeats its SIGTERM until the
+    stop sent again after the state was saved (benchmarks/gpu/gpu_sraven_verdict.sh repeats its SIGTERM until the
     process ends) would end the process with status 143."""
     try:
         return main(argv)

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The one GPU queue: Table A1 and its witnesses on a CUDA GPU, in device calls of at most ~9 minutes, in the
+# developers' stage order (src/hyla/sweep/queue.py holds the stages, the plan and its arithmetic):
+#   smoke            a minute of stacks of both tasks, the first time stacks run on a GPU
+#   throughput       steps/s against stack size 1, 4, 12, 24 for both tasks, peak memory, and the authors' code's
+#                    updates/s (1 and 3 processes) in the same call -> results/gpu_throughput.{json,md}
+#   sraven-selected  SRAVEN HYLA and softmax at lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 (CPU runs of these
+#                    records must be stopped first, or the records fork: the plan says so loudly)
+#   authors          the authors' code at that point: HYLA seeds 0-2 and softmax seed 0 (gpu_sraven_verdict.sh)
+#   fuzzy            the fuzzy-logic Table A1 (hyla sweep table_a1_fuzzy)
+#   sraven-rest      the other SRAVEN rows
+# (and, for the older drivers, sraven-hyla: the SRAVEN HYLA row; sraven-main: softmax, linear, HYLA).
+# A sweep stage trains each row's runs as stacks (the one planner's); each architecture compiles once a call,
+# and later calls reuse the compilation from COMPILE_CACHE (carry it; its archive comes back beside the state).
+#
+#   bash benchmarks/gpu/gpu_paper.sh --plan     (or PLAN=1): print the next call's stacks, runs and projected
+#                                               minutes from the last measured rates; needs no GPU
+#   run(command="MINUTES=9 bash benchmarks/gpu/gpu_paper.sh", carry=[".gpu_state", ".authors"], timeout_s=600)
+#
+# Every call continues where the last stopped (runs checkpoint and resume; finished runs are skipped), so
+# run it again in each device call until it prints "all done". Runs stopped on a CPU (their newest checkpoint
+# committed) continue here: train.fast, compile and the attention backend are resumable changes.
+# At the end it packs everything the call produced into one archive (ARCHIVE): records, final weights,
+# the newest checkpoint of each unfinished run, results/paper.md and its plots; RESUME_FROM=that archive
+# unpacks it first, so a later call (or a CPU) continues from it. It prints the runs left.
+#   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
+#   STAGES    the stages to run, in this order (default "smoke throughput sraven-selected authors fuzzy sraven-rest")
+#   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
+#   ROOT      where the records go (default results/sweeps)
+#   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
+#   COMPILE_CACHE   the compile cache, carried between calls (default .gpu_state/compile_cache; empty: none)
+#   AUTHORS_MINUTES the authors stage's minutes (default 3)
+#   ARCHIVE   the archive written at the end (default $OUT/gpu_paper_state.tar.gz, else ./gpu_paper_state.tar.gz)
+#   RESUME_FROM     an archive of an earlier call, unpacked over the working tree first
+#   LATENTS   problems per split for the report's latent-code analysis of finished runs (0: skip)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PYTHONPATH=${PYTHONPATH:-src}
+py=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+root=${ROOT:-results/sweeps}
+fuzzy=${FUZZY:-table_a1_fuzzy}
+sraven=${SRAVEN:-table_a1_sraven}
+minutes=${MINUTES:-9}
+budget_s=$(awk "BEGIN { print int($minutes * 60) }")
+archive=${ARCHIVE:-${OUT:-.}/gpu_paper_state.tar.gz}
+stages=${STAGES:-smoke throughput sraven-selected authors fuzzy sraven-rest}
+plan() {
+  "$py" -m hyla.sweep.queue plan --minutes "$minutes" --stages "$stages" --root "$root" --fuzzy "$fuzzy" \
+    --sraven "$sraven"
+}
+case "${1:-}" in
+  --plan) plan; exit $? ;;
+  "") ;;
+  *) echo "usage: $0 [--plan]" >&2; exit 2 ;;
+esac
+if [ "${PLAN:-0}" = 1 ]; then plan; exit $?; fi
+for name in $stages; do  # every name checked before anything trains
+  "$py" -m hyla.sweep.queue args "$name" >/dev/null || exit 2  # its error names the stage and the allowed ones
+done
+if [ -n "${RESUME_FROM:-}" ]; then
+  tar -xzf "$RESUME_FROM"
+  echo "continued from $RESUME_FROM"
+fi
+# one compilation per architecture a call; a later call reads it back from the carried cache
+cache=${COMPILE_CACHE-.gpu_state/compile_cache}
+if [ -n "$cache" ]; then
+  mkdir -p "$cache"
+  export TORCHINDUCTOR_CACHE_DIR=$PWD/$cache/inductor TRITON_CACHE_DIR=$PWD/$cache/triton
+fi
+# train.fast on every device: on a CPU (the test) torch.compile stands in for the CUDA graph, so the test
+# runs what a GPU call runs (dropout included)
+overrides=(--override train.fast=true)
+for o in ${EXTRA:-}; do overrides+=(--override "$o"); done
+start=$(date +%s)
+left_s() { echo $(( budget_s - ($(date +%s) - start) )); }
+
+sweep_stage() {  # sweep_stage NAME: the stage's sweep, rows and filters from the queue's table
+  local name=$1 args file
+  mapfile -t args < <("$py" -m hyla.sweep.queue args "$name")
+  case ${args[0]} in fuzzy) file=$fuzzy ;; sraven) file=$sraven ;; esac
+  "$py" -m hyla sweep "$file" "${args[@]:1}" --device "$device" --root "$root" \
+    --max-minutes "$(awk "BEGIN { print $(left_s) / 60 }")" "${overrides[@]}"
+}
+
+smoke() {  # a stack of each task at the paper's sizes for a few hundred steps: does the stacked step run here?
+  local task
+  for task in fuzzy_logic sraven; do
+    "$py" -m hyla train "$task" train.fast=true train.steps=300 train.eval_every=300 train.log_every=100 \
+      "${EXTRA_ARR[@]}" --seeds 0,1,2 --device "$device" --out "results/gpu_smoke/$task" --quiet
+  done
+}
+
+throughput() {  # steps/s against stack size, peak memory, and the authors' code in the same call
+  local task r out=results/gpu_throughput
+  mkdir -p "$out"
+  for task in fuzzy_logic sraven; do
+    for r in ${SIZES:-1 4 12 24}; do
+      "$py" -m hyla bench train --task "$task" --variants hyla --seeds "$r" --steps 200 --repeats 2 \
+        --device "$device" --fast --override train.graph_step=true --json "$out/${task}_stack$r.json" || true
+    done
+  done
+  local n
+  for n in 1 3; do
+    AUTHORS_SEEDS=$(seq -s ' ' 0 $(( n - 1 ))) AUTHORS_MINUTES=${THEIR_MINUTES:-1} STAGES=none MINUTES=$(( ${THEIR_MINUTES:-1} + 2 )) \
+      AUTHORS_LOGS="$out/authors_$n" ARCHIVE="$out/authors_$n.tar.gz" DEVICE="$device" PYTHON="$py" \
+      bash "$here/gpu_sraven_verdict.sh" > "$out/authors_$n.log" 2>&1 || true
+    grep -h "train_steps_per_sec this call" "$out/authors_$n.log" || true
+  done
+  "$py" "$here/throughput_table.py" "$out" results/gpu_throughput
+}
+
+authors() {  # their driver at the selected point, beside our sraven-selected runs
+  AUTHORS_SEEDS="hyla/0 hyla/1 hyla/2 softmax/0" AUTHORS_MINUTES=${AUTHORS_MINUTES:-3} STAGES=none \
+    MINUTES=$(awk "BEGIN { print $(left_s) / 60 }") AUTHORS_LOGS=results/gpu_sraven_verdict/authors_lr3e-4_wd0.3 \
+    AUTHORS_EXTRA="--config.lr=0.0003 --config.weight_decay=0.3 --config.warmup_steps=1000 ${AUTHORS_EXTRA:-}" \
+    ARCHIVE="${archive%.tar.gz}_authors.tar.gz" DEVICE="$device" PYTHON="$py" bash "$here/gpu_sraven_verdict.sh"
+}
+
+read -r -a EXTRA_ARR <<< "${EXTRA:-}"
+plan || true
+for name in $stages; do
+  if [ "$(left_s)" -lt 20 ]; then echo "budget spent before stage $name"; continue; fi
+  echo "== stage $name ($(left_s) s left)"
+  case $name in
+    smoke) if [ -f results/gpu_throughput.json ]; then echo "stacks measured already"; else smoke; fi ;;
+    throughput) if [ -f results/gpu_throughput.json ]; then echo "measured already"; else throughput; fi ;;
+    authors) authors || echo "the authors stage failed (above); the queue goes on" ;;
+    *) sweep_stage "$name" ;;
+  esac
+done
+left=$( { "$py" -m hyla sweep "$fuzzy" --root "$root" --emit-commands "${overrides[@]}";
+          "$py" -m hyla sweep "$sraven" --root "$root" --emit-commands "${overrides[@]}"; } | sed -n 's/.* --out \([^ ]*\) .*/\1/p')
+# the archive: records and final weights of every run, the newest checkpoint of each unfinished one,
+# and the paper report made from them
+names=()
+for sweep in "$fuzzy" "$sraven"; do
+  names+=("$("$py" -c "import sys; from hyla.train.sweepfile import load_sweep; print(load_sweep(sys.argv[1]).name)" "$sweep")")
+done
+paper_out=${PAPER_OUT:-results}
+paper=()
+if "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \
+    ${LATENTS:+--latents "$LATENTS"} >/dev/null; then
+  paper=("$paper_out/paper.md" "$paper_out/paper")
+fi
+list=$(mktemp)
+for name in "${names[@]}"; do
+  dir="$root/$name"
+  [ -d "$dir" ] || continue
+  find "$dir" -path '*/checkpoints' -prune -o -path '*/tb' -prune -o -type f ! -name '*.log' -print >> "$list"
+  for run in "$dir"/*/; do
+    case " $(echo $left) " in *" ${run%/} "*) ;; *) continue ;; esac
+    newest=$(cat "$run/checkpoints/latest" 2>/dev/null) || continue
+    echo "${run}checkpoints/latest" >> "$list"
+    find "${run}checkpoints/$newest" -type f >> "$list"
+  done
+done
+for f in "${paper[@]}"; do [ -e "$f" ] && find "$f" -type f >> "$list"; done
+mkdir -p "$(dirname "$archive")"
+tar -czf "$archive" -T "$list"
+echo "archive: $archive ($(wc -l < "$list") files); a later call continues with RESUME_FROM=$archive"
+rm -f "$list"
+if [ -n "$cache" ] && [ -n "$(ls -A "$cache" 2>/dev/null)" ]; then
+  tar -czf "${archive%.tar.gz}_compile_cache.tar.gz" "$cache"
+  echo "compile cache: ${archive%.tar.gz}_compile_cache.tar.gz: unpack it here and carry $cache in the next call"
+fi
+pending=$(echo "$left" | grep -c . || true)
+if [ "$pending" -gt 0 ]; then
+  echo "not done yet ($pending runs left): run this script again"
+  echo "$left" | sed 's/^/  left: /'
+else
+  echo "all done: hyla report --paper --out results"
+fi

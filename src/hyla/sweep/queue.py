@@ -1,0 +1,221 @@
+"""The GPU queue (``benchmarks/gpu/gpu_paper.sh``): its stages in the developers' order, the ``hyla sweep``
+arguments of each, and the plan of the next device call (the stacks, runs and projected minutes) from the
+last measured GPU rates, printed without a GPU.
+
+Stages, in order: ``smoke`` (a minute of stacks on a GPU, until stacks have been measured there),
+``throughput`` (steps/s against stack size, peak memory and the authors' updates/s in the same call, until
+``results/gpu_throughput.json`` exists), ``sraven-selected`` (SRAVEN HYLA and softmax at the selected point,
+lr 3e-4, wd 0.3, warmup 1000, seeds 0-2), ``authors`` (their code at that point), ``fuzzy`` (Table A1, fuzzy
+logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the older drivers: ``sraven-hyla`` and
+``sraven-main``. The stacks are the one planner's (:func:`hyla.sweep.groups.plan_sweep`); the minutes are
+:func:`hyla.sweep.estimate.seconds_left` at the measured rates.
+
+    python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE]
+    python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyla.sweep.cli import parse_where
+from hyla.sweep.estimate import seconds_left
+from hyla.sweep.groups import plan_sweep
+from hyla.train.checkpoint import checkpoint_step
+from hyla.train.config import ExperimentConfig
+from hyla.train.rundir import read_pieces, run_state
+from hyla.train.sweepfile import RECORD_ROOT, load_sweep
+
+#: the selected SRAVEN point (results/paper_findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
+SELECTED = ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000", "seed=0,1,2")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the queue: a sweep (``sweep`` "fuzzy" or "sraven", ``only`` rows, ``where`` filters) or a
+    fixed-budget job (``minutes``) that the script runs itself."""
+
+    name: str
+    sweep: str | None = None
+    only: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+    minutes: float = 0.0
+    what: str = ""
+
+
+STAGES = (
+    Stage(
+        "smoke",
+        minutes=1.0,
+        what="a stack of 3 seeds a task, 300 steps at the paper sizes: the first time stacks run on a GPU",
+    ),
+    Stage("throughput", minutes=4.0, what="steps/s vs stack size 1,4,12,24, peak memory, authors' updates/s"),
+    Stage("sraven-selected", "sraven", ("hyla", "softmax"), SELECTED),
+    Stage("authors", minutes=0.0, what="the authors' HYLA seeds 0-2 and softmax seed 0 at the selected point"),
+    Stage("fuzzy", "fuzzy"),
+    Stage("sraven-rest", "sraven"),
+    Stage("sraven-hyla", "sraven", ("hyla",)),
+    Stage("sraven-main", "sraven", ("softmax", "linear", "hyla")),
+)
+DEFAULT_STAGES = ("smoke", "throughput", "sraven-selected", "authors", "fuzzy", "sraven-rest")
+
+#: one lone run on one H100 with train.fast and train.graph_step (results/gpu_h100.md): steps/s, and the
+#: seconds of a full schedule's evaluations (SRAVEN 0.4 min of 5.0; fuzzy logic 0.68 min in all at 1,747/s)
+LONE_H100 = {"sraven": (567.0, 24.0), "fuzzy_logic": (1747.0, 0.68 * 60 - 50_000 / 1747.0)}
+#: the measured rates the throughput stage writes: {"device": ..., "tasks": {task: {"R": stack steps/s}}}
+RATES_FILE = Path("results/gpu_throughput.json")
+
+
+def stage_named(name: str) -> Stage:
+    """The stage ``name``; an unknown one is a ``ValueError`` naming the allowed ones."""
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    raise ValueError(f"unknown stage {name!r}; allowed: {', '.join(s.name for s in STAGES)}")
+
+
+def sweep_arguments(stage: Stage) -> list[str]:
+    """The stage's ``--only`` and ``--where`` arguments of ``hyla sweep`` (after its sweep file)."""
+    out = ["--only", ",".join(stage.only)] if stage.only else []
+    for item in stage.where:
+        out += ["--where", item]
+    return out
+
+
+def read_rates(path: Path) -> dict[str, dict[int, float]]:
+    """Measured stack steps/s by task and stack size from ``path`` (none if it is absent)."""
+    if not path.is_file():
+        return {}
+    tasks = json.loads(path.read_text()).get("tasks", {})
+    return {task: {int(r): float(v) for r, v in sizes.items()} for task, sizes in tasks.items()}
+
+
+def stack_rate(task: str, size: int, rates: dict[str, dict[int, float]]) -> tuple[float, str]:
+    """Steps/s of a stack of ``size`` runs of ``task`` and where the number comes from: the measured stack
+    of the largest size <= ``size`` (its run-steps/s spread over ``size`` runs), else the lone H100 run's
+    rate with no gain from stacking (``size`` runs one after another: an upper bound on the minutes)."""
+    measured = rates.get(task, {})
+    below = [r for r in measured if r <= size]
+    if below:
+        r = max(below)
+        return measured[r] * r / size, f"measured stack of {r}"
+    if task not in LONE_H100:
+        raise ValueError(f"no GPU rate for task {task!r}: measure it (stage throughput) or add it to LONE_H100")
+    return LONE_H100[task][0] / size, "one lone H100 run, no stacking gain"
+
+
+def stack_seconds(cfgs: list[ExperimentConfig], from_step: int, rates: dict[str, dict[int, float]]) -> float:
+    """Projected seconds for a stack of ``cfgs`` from ``from_step`` to its end (evaluations included, at the
+    lone run's measured share for each run)."""
+    task = cfgs[0].data.task
+    rate, _ = stack_rate(task, len(cfgs), rates)
+    evals = -(-cfgs[0].train.steps // cfgs[0].train.eval_every)
+    eval_s = LONE_H100.get(task, (0.0, 0.0))[1] / evals * len(cfgs)
+    return seconds_left(cfgs[0], 1 / rate, eval_s, from_step)
+
+
+def unfinished_pieces(run_dir: Path) -> str | None:
+    """A warning when the run's last piece never recorded its end: another machine may still be training it,
+    and a GPU piece from its last checkpoint would fork the record."""
+    pieces = read_pieces(run_dir)
+    if pieces and pieces[-1].get("ended") is None:
+        last = pieces[-1]
+        return (
+            f"!!! {run_dir.name}: its piece from step {last.get('from_step')} on {last.get('machine', '?')} "
+            f"({last.get('date', '?')}) never ended: if that machine still trains it, stop it there (SIGTERM "
+            "saves a checkpoint) and bring that checkpoint here first, or the two records fork"
+        )
+    return None
+
+
+def plan(stages: list[str], minutes: float, root: Path, sweeps: dict[str, str], rates_path: Path) -> list[str]:
+    """The lines of the next call's plan: per stage its stacks (runs, steps left, projected minutes) and
+    whether they fit the ``minutes`` of the call, in the order they would train."""
+    rates = read_rates(rates_path)
+    lines, used = [], 0.0
+    source = f"measured rates from {rates_path}" if rates else "no stack measured yet: lone H100 rates, no gain"
+    lines.append(f"plan of the next call: {minutes:g} min, stages {' '.join(stages)} ({source})")
+    for name in stages:
+        stage = stage_named(name)
+        if stage.sweep is None:
+            skip = name in ("smoke", "throughput") and bool(rates)
+            if skip or stage.minutes == 0:
+                why = "measured already" if skip else "its own budget (AUTHORS_MINUTES), not planned here"
+                lines.append(f"== {name}: {why}")
+                continue
+            fits = "fits" if used + stage.minutes <= minutes else "over the budget"
+            used += stage.minutes
+            lines.append(f"== {name}: {stage.minutes:.1f} min ({stage.what}); {fits}")
+            continue
+        sweep = load_sweep(sweeps[stage.sweep])
+        specs = sweep.runs(list(stage.only) or None, parse_where(list(stage.where)))
+        sweep_root = root / sweep.name
+        states = {s.name: run_state(sweep_root / s.name) for s in specs}
+        pending = [s for s in specs if states[s.name] != "done"]
+        lines.append(f"== {name}: {sweep.name}, {len(pending)} of {len(specs)} runs to train")
+        if name == "sraven-selected" and pending:
+            lines.append(
+                "!!! stop every CPU run of these records first and commit its newest checkpoint: a GPU piece "
+                "beside a CPU one forks the record"
+            )
+        for warning in filter(None, (unfinished_pieces(sweep_root / s.name) for s in pending)):
+            lines.append(warning)
+        later = [0, 0, 0.0]  # stacks, runs and minutes after this call: one line for them all
+        for group in plan_sweep(pending, sweep.configs, states, sweep_root):
+            step = checkpoint_step(sweep_root / group.names[0]) if group.resume else 0
+            seconds = stack_seconds(list(group.cfgs), step or 0, rates)
+            left = max(minutes - used, 0.0)
+            used += seconds / 60
+            if not left:
+                later = [later[0] + 1, later[1] + len(group.names), later[2] + seconds / 60]
+                continue
+            rate, why = stack_rate(group.cfgs[0].data.task, len(group.cfgs), rates)
+            fits = "fits" if seconds / 60 <= left else f"{left:.1f} min of it this call"
+            lines.append(
+                f"  stack of {len(group.names)} ({group.cfgs[0].model.attention}, from step {step or 0}): "
+                f"{seconds / 60:.1f} min at {rate:.0f} steps/s ({why}); {fits}"
+            )
+            lines.append(f"    {', '.join(group.names)}")
+        if later[0]:
+            lines.append(f"  later calls: {later[0]} more stacks, {later[1]} runs, {later[2]:.1f} min")
+    lines.append(f"projected: {used:.1f} min of work for these stages; the call has {minutes:g} (compile not counted)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hyla.sweep.queue", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    pl = sub.add_parser("plan", help="print the next call's stacks, runs and projected minutes")
+    pl.add_argument("--minutes", type=float, default=9.0, help="the call's budget (default 9)")
+    pl.add_argument("--stages", default=" ".join(DEFAULT_STAGES), help="space-separated stage names, in order")
+    pl.add_argument("--root", default=str(RECORD_ROOT), help="where the sweep records are (default results/sweeps)")
+    pl.add_argument("--fuzzy", default="table_a1_fuzzy", help="the fuzzy-logic sweep file")
+    pl.add_argument("--sraven", default="table_a1_sraven", help="the SRAVEN sweep file")
+    pl.add_argument("--rates", default=str(RATES_FILE), help=f"measured GPU rates (default {RATES_FILE})")
+    ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
+    ar.add_argument("stage")
+    args = p.parse_args(argv)
+    try:
+        if args.what == "args":
+            stage = stage_named(args.stage)
+            print("\n".join([stage.sweep or "-", *sweep_arguments(stage)]))
+            return 0
+        if not args.minutes > 0:
+            raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+        stages = args.stages.split()
+        for name in stages:
+            stage_named(name)
+        sweeps = {"fuzzy": args.fuzzy, "sraven": args.sraven}
+        print("\n".join(plan(stages, args.minutes, Path(args.root), sweeps, Path(args.rates))))
+    except ValueError as err:
+        print(f"gpu queue: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

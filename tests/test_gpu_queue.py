@@ -1,0 +1,145 @@
+"""The GPU queue's plan (src/hyla/sweep/queue.py, benchmarks/gpu/gpu_paper.sh --plan) on the CPU: its stages
+in order, each sweep stage's stacks from the one planner, the projected minutes from the given rates, the
+call's budget, and the loud warning before a run another machine may still train. Nothing here trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hyla.sweep import queue
+from hyla.train.sweepfile import load_sweep
+from tiny import HANG_GUARD_S, tiny_overrides
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_sweep(where: Path, task: str, steps: int, warmups: tuple[int, ...] = ()) -> Path:
+    """Rows softmax and hyla at two learning rates (and ``warmups``, each row's own axis as in Table A1's SRAVEN
+    sweep), seeds 0-2, on a split shared by the seeds."""
+    overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in tiny_overrides(steps=steps, every=steps))}
+    spec = {
+        "name": f"tiny_{task}",
+        "config": task,
+        "rows": {
+            row: {"model.attention": row, **({"grid": {"train.warmup_steps": list(warmups)}} if warmups else {})}
+            for row in ("softmax", "hyla")
+        },
+        "grid": {"train.lr": [0.001, 0.0003], "train.weight_decay": [0.3]},
+        "seeds": [0, 1, 2],
+        "overrides": {**overrides, "train.warmup_steps": 1000},
+    }
+    path = where / f"{task}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_stages() -> None:
+    stage = queue.stage_named("sraven-selected")
+    assert queue.sweep_arguments(stage) == [
+        "--only",
+        "hyla,softmax",
+        "--where",
+        "train.lr=0.0003",
+        "--where",
+        "train.weight_decay=0.3",
+        "--where",
+        "train.warmup_steps=1000",
+        "--where",
+        "seed=0,1,2",
+    ]
+    assert queue.DEFAULT_STAGES == ("smoke", "throughput", "sraven-selected", "authors", "fuzzy", "sraven-rest")
+    with pytest.raises(ValueError, match="unknown stage '2-sraven'; allowed: smoke, throughput, sraven-selected"):
+        queue.stage_named("2-sraven")
+
+
+def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() -> None:
+    assert queue.stack_rate("sraven", 3, {}) == (567.0 / 3, "one lone H100 run, no stacking gain")
+    measured = {"sraven": {1: 600.0, 4: 400.0}}
+    assert queue.stack_rate("sraven", 4, measured) == (400.0, "measured stack of 4")
+    assert queue.stack_rate("sraven", 8, measured) == (200.0, "measured stack of 4")  # 1,600 run-steps/s over 8
+    assert queue.stack_rate("sraven", 2, measured) == (300.0, "measured stack of 1")
+    with pytest.raises(ValueError, match="no GPU rate for task 'text'"):
+        queue.stack_rate("text", 1, {})
+
+
+def test_plan_lists_the_stacks_that_fit_the_call_and_sums_the_rest(tmp_path: Path) -> None:
+    sraven = tiny_sweep(tmp_path, "sraven", steps=567_000)  # 1,000 s a lone run at 567 steps/s
+    root = tmp_path / "records"
+    rates = tmp_path / "rates.json"
+    # a run another machine left unfinished is named loudly
+    runs = load_sweep(str(sraven)).runs()
+    started = root / "tiny_sraven" / runs[0].name
+    started.mkdir(parents=True)
+    (started / "made_by.jsonl").write_text(
+        json.dumps({"from_step": 0, "machine": "cpu-box", "date": "d", "ended": None}) + "\n"
+    )
+    lines = queue.plan(["throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates)
+    assert lines[0].startswith("plan of the next call: 20 min, stages throughput sraven-rest (no stack measured")
+    assert lines[1].startswith("== throughput: 4.0 min") and lines[1].endswith("; fits")
+    assert lines[2] == "== sraven-rest: tiny_sraven, 12 of 12 runs to train"
+    assert lines[3].startswith(f"!!! {runs[0].name}: its piece from step 0 on cpu-box (d) never ended")
+    # a row's grid points and seeds in one stack (the tiny split is shared), at a sixth of the lone run's rate:
+    # 6 x 1,000 s of steps and 6 x 24 s of evaluations, 102.4 min; the first fills the 16 min left of the call
+    assert lines[4] == (
+        "  stack of 6 (softmax, from step 0): 102.4 min at 94 steps/s (one lone H100 run, no stacking gain); "
+        "16.0 min of it this call"
+    )
+    assert lines[5].strip().split(", ") == [r.name for r in runs if r.name.startswith("softmax")]
+    assert lines[6:] == [
+        "  later calls: 1 more stacks, 6 runs, 102.4 min",
+        "projected: 208.8 min of work for these stages; the call has 20 (compile not counted)",
+    ]
+
+    # with measured rates: smoke and throughput are done, and a stack of 6 runs at its measured rate
+    # (500 s of steps + 144 s of evaluations = 10.7 min)
+    rates.write_text(json.dumps({"device": "H100", "tasks": {"sraven": {"6": 1134.0}}}))
+    lines = queue.plan(["smoke", "throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates)
+    assert lines[1:3] == ["== smoke: measured already", "== throughput: measured already"]
+    stacks = [line for line in lines if line.startswith("  stack of")]
+    assert stacks == [
+        "  stack of 6 (softmax, from step 0): 10.7 min at 1134 steps/s (measured stack of 6); fits",
+        "  stack of 6 (hyla, from step 0): 10.7 min at 1134 steps/s (measured stack of 6); 9.3 min of it this call",
+    ]
+
+
+def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tmp_path: Path) -> None:
+    fuzzy, sraven = tiny_sweep(tmp_path, "fuzzy_logic", 50_000), tiny_sweep(tmp_path, "sraven", 156_250, (1000, 3000))
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO / "src"),
+        "FUZZY": str(fuzzy),
+        "SRAVEN": str(sraven),
+        "ROOT": "records",
+        "MINUTES": "9",
+    }
+    script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
+    done = subprocess.run(
+        [*script, "--plan"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    stages = [line.split(":")[0] for line in out.splitlines() if line.startswith("== ")]
+    assert stages == ["== smoke", "== throughput", "== sraven-selected", "== authors", "== fuzzy", "== sraven-rest"]
+    # lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 of rows hyla and softmax: the one stack of each row
+    assert "== sraven-selected: tiny_sraven, 6 of 6 runs to train" in out, out
+    # after smoke and throughput's 5 min, 4 of the first stack's 15.0 min; the other waits for a later call
+    assert "  stack of 3 (softmax, from step 0): 15.0 min at 189 steps/s" in out and "4.0 min of it this call" in out
+    selected = out.split("== sraven-selected")[1].split("== authors")[0]
+    assert "  later calls: 1 more stacks, 3 runs, 15.0 min" in selected, selected
+    assert "!!! stop every CPU run of these records first" in out
+    assert out.splitlines()[-1].startswith("projected: ") and out.splitlines()[-1].endswith(
+        "the call has 9 (compile not counted)"
+    )
+    assert not (tmp_path / "records").exists() and not (tmp_path / ".gpu_state").exists()
+    # PLAN=1 is the same; a bad stage is refused naming the allowed ones
+    assert subprocess.run(script, env={**env, "PLAN": "1"}, cwd=tmp_path, capture_output=True, text=True).stdout == out
+    bad = subprocess.run(script, env={**env, "STAGES": "fuzzy 1-fuzzy"}, cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown stage '1-fuzzy'; allowed: smoke" in bad.stderr
