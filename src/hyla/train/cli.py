@@ -145,7 +145,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         "--sweep",
         metavar="FILE.yaml",
         help="'runs: [{train.lr: 3e-4}, ...]' and/or 'grid: {train.lr: [1e-3, 3e-4]}': one run per override set "
-        "(OUT/lr0.0003 ...), stacked when they differ only in seed and optimizer hyperparameters",
+        "(OUT/lr0.0003 ...), stacked when they differ only in seed, split and optimizer hyperparameters",
     )
 
 
