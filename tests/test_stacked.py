@@ -488,15 +488,18 @@ def test_graph_step_mechanics_with_a_stand_in_for_cuda_graphs(tmp_path: Path, mo
 
 
 def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``train.graph_step`` captures for a stack, run eagerly on CPU: the step as a device tensor,
-    the AdamW schedule row read on the device across schedule chunks, the sums and flags in place, and
-    the snapshot the warm-up is undone with. Only the capture itself needs CUDA."""
+    """What ``train.graph_step`` captures for a stack, run eagerly on CPU: each run's sampling from its own
+    split (the paper configs') with its own dropout masks, the step as a device tensor, the AdamW schedule
+    row read on the device across schedule chunks, the sums and flags in place, and the snapshot the
+    warm-up is undone with. Only the capture itself needs CUDA."""
     monkeypatch.setattr(optim_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
     sweep = [["seed=0", "train.lr=0.003"], ["seed=1", "train.lr=0.001", "train.weight_decay=0.3"]]
-    cfgs = [load_config("fuzzy_logic", [*TINY, "train.stack_forward=loop", *o]) for o in sweep]
+    paper = ["train.stack_forward=loop", "data.split_seed=null", "model.attention_dropout=0.1"]
+    cfgs = [load_config("fuzzy_logic", [*TINY, *paper, *o]) for o in sweep]
     plain = Trainer(cfgs, [tmp_path / "p0", tmp_path / "p1"], quiet=True, engine="stacked")
     body = Trainer(cfgs, [tmp_path / "b0", tmp_path / "b1"], quiet=True, engine="stacked")
     engine, ref = body.engine, plain.engine
+    assert [t.split_seed for t in engine.tasks] == [0, 1] and engine.task_of == [0, 1]
     graph = StackedStepGraph(engine)
     engine.graph = graph
     graph._before_capture()
