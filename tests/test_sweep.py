@@ -608,11 +608,13 @@ def test_parallel_jobs_write_the_records_of_one_job(
     assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
-    finished_lines = sorted(line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished"))
-    assert finished_lines == sorted(run.name for run in (tmp_path / "two" / "tiny").iterdir())  # one line a run
+    finished = [line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished")]
+    assert len(finished) == 2  # one line a stack, naming its runs
+    assert sorted(", ".join(finished).split(", ")) == sorted(run.name for run in (tmp_path / "two" / "tiny").iterdir())
     assert records(tmp_path / "two" / "tiny") == records(tmp_path / "one" / "tiny")
+    for line in finished:  # a stack's progress goes to its first run's log
+        assert "step 8/8" in (tmp_path / "two" / "tiny" / line.split(", ")[0] / "train.log").read_text()
     for run in (tmp_path / "two" / "tiny").iterdir():
-        assert "step 8/8" in (run / "train.log").read_text()
         assert len((run / "made_by.jsonl").read_text().splitlines()) == 1
     assert main(["sweep", str(path), "--jobs", "0", "--dry-run"]) == 2
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
