@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hyla.tasks import REGISTRY
-from hyla.train.build import build_model, build_task, sized_config
+from hyla.train.build import build_model, build_task, build_tasks, sized_config
 from hyla.train.config import DataConfig, load_config, task_options
 from hyla.train.engine import StepSums
 from hyla.train.loop import Trainer
@@ -110,6 +110,20 @@ def test_every_registered_task_owns_its_data_keys() -> None:
         load_config("fuzzy_logic", ["data.task=chess"])
     with pytest.raises(ValueError, match=r"data\.split_style='nope' is not valid; allowed values: cover, authors"):
         load_config("fuzzy_logic", ["data.split_style=nope"])
+
+
+def test_each_held_out_split_is_built_once_and_runs_point_at_theirs() -> None:
+    """A stack's tasks: runs whose split follows their seed (the paper configs') each have their own, runs
+    that differ only in the optimizer share one, and a fixed ``data.split_seed`` gives all runs one."""
+    follow = ["data.split_seed=null"]
+    cfgs = [load_config("fuzzy_logic", [*follow, *o]) for o in (["seed=0"], ["seed=1"], ["seed=0", "train.lr=0.01"])]
+    tasks, task_of = build_tasks(cfgs)
+    assert len(tasks) == 2 and task_of == [0, 1, 0]
+    assert [t.split_seed for t in tasks] == [0, 1]
+    assert not torch.equal(tasks[0].task_ids["ood"], tasks[1].task_ids["ood"])  # really another split
+    fixed = [load_config("fuzzy_logic", ["data.split_seed=5", f"seed={s}"]) for s in (0, 1)]
+    tasks, task_of = build_tasks(fixed)
+    assert len(tasks) == 1 and task_of == [0, 0] and tasks[0].split_seed == 5
 
 
 def test_the_model_is_sized_by_the_task_without_changing_the_config() -> None:

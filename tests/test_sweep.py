@@ -37,7 +37,7 @@ def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], ext
         "rows": rows,
         "grid": grid,
         "seeds": seeds,
-        # the paper config's split (follows the seed) and dropout: runs train one by one unless extra says otherwise
+        # the paper config's split (follows the seed) and dropout: a row's seeds and grid points stack
         "overrides": {
             k: yaml.safe_load(v)
             for k, v in {
@@ -54,7 +54,7 @@ def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], ext
 
 
 def two_rows_two_seeds(tmp_path: Path) -> Path:
-    """softmax and hyla at one lr, seeds 0 and 1: four runs that train one by one."""
+    """softmax and hyla at one lr, seeds 0 and 1: four runs, each row's two seeds one stack."""
     rows = {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}}
     return write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001]}, seeds=[0, 1])
 
@@ -128,7 +128,7 @@ def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     out = capsys.readouterr().out
     assert "time budget reached" in out and "0 runs finished now, 4 left" in out
     states = {run.name: run_state(parts / "tiny" / run.name) for run in load_sweep(str(path)).runs()}
-    assert sorted(states.values()) == ["new", "new", "new", "stopped"]
+    assert sorted(states.values()) == ["new", "new", "stopped", "stopped"]  # the first stack, seeds 0 and 1
     monkeypatch.undo()
 
     assert main(["sweep", str(path), "--root", str(parts)]) == 0
@@ -396,6 +396,7 @@ def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "tiny: 2 runs, 0 done, 2 to train (cpu)" in out
     assert "softmax-seed0: new at step 0, about" in out and "hyla-seed0: new at step 0, about" in out
+    assert "plan: 2 runs in 2 groups (they differ in model.attention)" in out
     assert not root.exists()
 
     assert main(["sweep", str(path), "--root", str(root), "--emit-commands"]) == 0
@@ -425,9 +426,8 @@ def test_submitit_local_launcher_trains_one_job_per_stack_group(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("submitit")
-    # two grid points x two seeds, the split following the seed: each seed's two grid points stack
-    rows = {"hyla": {"model.attention": "hyla"}}
-    path = write_sweep(tmp_path, rows=rows, grid={"train.lr": [0.001, 0.003]}, seeds=[0, 1])
+    # two rows x two seeds, the split following the seed: each row's two seeds stack
+    path = two_rows_two_seeds(tmp_path)
     root = tmp_path / "r"
     assert main(["sweep", str(path), "--root", str(root), "--launcher", "submitit-local"]) == 0
     assert "submitted 2 jobs for 4 runs (submitit-local; runs per job: 2, 2)" in capsys.readouterr().out
@@ -608,12 +608,14 @@ def test_parallel_jobs_write_the_records_of_one_job(
     capsys.readouterr()
     assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "4 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
-    finished_lines = sorted(line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished"))
-    assert finished_lines == sorted(run.name for run in (tmp_path / "two" / "tiny").iterdir())  # one line a run
+    assert "2 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
+    finished = [line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished")]
+    assert len(finished) == 2  # one line a stack, naming its runs
+    assert sorted(", ".join(finished).split(", ")) == sorted(run.name for run in (tmp_path / "two" / "tiny").iterdir())
     assert records(tmp_path / "two" / "tiny") == records(tmp_path / "one" / "tiny")
+    for line in finished:  # a stack's progress goes to its first run's log
+        assert "step 8/8" in (tmp_path / "two" / "tiny" / line.split(", ")[0] / "train.log").read_text()
     for run in (tmp_path / "two" / "tiny").iterdir():
-        assert "step 8/8" in (run / "train.log").read_text()
         assert len((run / "made_by.jsonl").read_text().splitlines()) == 1
     assert main(["sweep", str(path), "--jobs", "0", "--dry-run"]) == 2
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
@@ -628,7 +630,9 @@ def test_sigterm_stops_parallel_jobs_with_checkpoints_and_starts_nothing_new(tmp
 
     long = {"train.steps": 100000, "train.log_every": 10, "train.eval_every": 100000, "train.checkpoint_every": 100000}
     rows = {"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}}
-    path = write_sweep(tmp_path, rows=rows, grid={}, seeds=[0, 1], extra={k: str(v) for k, v in long.items()})
+    # four runs that do not stack (two rows x two depths), so that two train and two wait
+    grid = {"model.num_layers": [1, 2]}
+    path = write_sweep(tmp_path, rows=rows, grid=grid, seeds=[0], extra={k: str(v) for k, v in long.items()})
     root = tmp_path / "r"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "hyla", "sweep", str(path), "--root", str(root), "--jobs", "2"]

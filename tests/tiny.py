@@ -43,8 +43,8 @@ def tiny_overrides(
     """A 16-wide model of ``layers`` blocks trained ``steps`` steps of 16 problems, evaluated and
     checkpointed ``every`` steps on 64 problems (logged every ``log_every``, default ``every``).
 
-    Runs of different seeds stack: the split is fixed and no attention dropout is drawn (the paper
-    configs' split follows the seed and they drop latent pairs; tests of those options set them)."""
+    The split is fixed and no attention dropout is drawn (the paper configs' split follows the seed and
+    they drop latent pairs; tests of those options leave these two overrides out)."""
     overrides = [
         f"model.num_layers={layers}",
         "model.emb_dim=16",

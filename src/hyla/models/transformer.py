@@ -300,6 +300,16 @@ class Transformer(nn.Module):
         terms = [b.ff.aux_loss for b in self.blocks if isinstance(b.ff, MoE)]
         return torch.stack(terms).sum() if terms else torch.zeros((), device=self.readout.weight.device)
 
+    def pop_aux_loss(self) -> Tensor:
+        """:attr:`aux_loss`, the MoE layers then cleared of their terms. A stacked forward reads each run's
+        term right after that run's call (under ``vmap`` it is batched); the template it calls must not keep
+        it (a term in an autograd graph cannot be deep-copied into a lone run's model)."""
+        aux = self.aux_loss
+        for b in self.blocks:
+            if isinstance(b.ff, MoE):
+                b.ff.aux_loss = torch.zeros(())
+        return aux
+
     def latent_codes(self, inputs: Tensor) -> list[Tensor]:
         """The latent code ``a_BxHxTxT`` of every layer (no gradient)."""
         codes: list[Tensor] = []

@@ -7,7 +7,7 @@ A sweep file (``configs/sweeps/*.yaml``, one per paper experiment; format in
 says which commit, machine and device trained which steps and for how long; checkpoints and ``tb/`` stay local
 (``.gitignore``). Order: the ``first`` rows, then by grid point, seed and row. A finished run (its
 last evaluation written) is never rerun; a stopped one resumes from its checkpoint. Runs that the
-stacked trainer can stack (same everything but seed and optimizer hyperparameters) and that start
+stacked trainer can stack (same everything but seed, split and optimizer hyperparameters) and that start
 together (all new, or stopped at the same step) train as one stack (:mod:`hyla.train.plan`, the planner
 ``hyla train --seeds`` uses too). ``--max-minutes`` stops with checkpoints before the budget ends.
 ``--jobs K`` trains K runs (or stacks) at a time in K worker processes that share the cores (each

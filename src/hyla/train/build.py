@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -17,6 +19,19 @@ def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
     """The task of a config; a task that keeps state in its run directory (text: the tokenizer) reads
     it from ``run_dir`` when present."""
     return task_entry(cfg.data.task).build(task_options(cfg.data), cfg.split_seed, run_dir)
+
+
+def build_tasks(cfgs: list[ExperimentConfig], run_dir: Path | None = None) -> tuple[list[Task], list[int]]:
+    """The distinct tasks of runs (one per held-out split: runs whose data config and split seed are the
+    same share one) and each run's index into them."""
+    tasks: dict[str, Task] = {}
+    task_of = []
+    for cfg in cfgs:
+        key = json.dumps({**dataclasses.asdict(cfg.data), "split_seed": cfg.split_seed}, sort_keys=True, default=str)
+        if key not in tasks:
+            tasks[key] = build_task(cfg, run_dir)
+        task_of.append(list(tasks).index(key))
+    return list(tasks.values()), task_of
 
 
 def sized_config(cfg: ExperimentConfig, task: Task) -> ExperimentConfig:

@@ -16,7 +16,7 @@ from typing import Any
 from hyla.textio import FileFormatError, read_yaml
 from hyla.train.checkpoint import CheckpointError, checkpoint_step
 from hyla.train.config import ExperimentConfig, load_config
-from hyla.train.plan import engine_for, plan_groups
+from hyla.train.plan import describe_plan, engine_for, plan_groups
 from hyla.train.rundir import METRICS
 
 
@@ -87,7 +87,6 @@ def failure_exit_code(command: str, err: Exception, interrupted_note: str) -> in
 def run(args: argparse.Namespace) -> int:
     """Train every group of runs in turn (one group for a lone run)."""
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-    from hyla.train.stacked import STACKABLE_KEYS, not_stackable_reason
 
     several = bool(args.seeds or args.sweep)
     try:
@@ -100,10 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hyla train: error: {err}", file=sys.stderr)
         return 2
     if len(groups) > 1:
-        reasons = sorted({reason for cfg in cfgs if (reason := not_stackable_reason(cfg))})
-        reasons += ["their checkpoints are at different steps"] if len(set(resume_from)) > 1 else []
-        why = "; ".join(reasons) or f"they differ in more than {', '.join(STACKABLE_KEYS)}"
-        print(f"{len(cfgs)} runs in {len(groups)} groups trained one after another ({why})", flush=True)
+        print(describe_plan([[cfgs[i] for i in g] for g in groups]) + ", trained one after another", flush=True)
     for group in groups:
         g_cfgs, g_outs = [cfgs[i] for i in group], [outs[i] for i in group]
         common = {"device": args.device, "resume": args.resume, "stop_at_step": args.stop_at_step, "quiet": args.quiet}
@@ -149,7 +145,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         "--sweep",
         metavar="FILE.yaml",
         help="'runs: [{train.lr: 3e-4}, ...]' and/or 'grid: {train.lr: [1e-3, 3e-4]}': one run per override set "
-        "(OUT/lr0.0003 ...), stacked when they differ only in seed and optimizer hyperparameters",
+        "(OUT/lr0.0003 ...), stacked when they differ only in seed, split and optimizer hyperparameters",
     )
 
 

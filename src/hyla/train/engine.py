@@ -1,13 +1,13 @@
 """What the training shell (:mod:`hyla.train.loop`) drives: an engine that trains R runs at once.
 
-:class:`Engine` is written once for both engines: the setup (device and processes, validation, the task
-and the runs' model sizes, the compile and ``train.graph_step`` checks, the data generators and their
-seeds), the micro-batch loop of a step (gradient accumulation and the step sums), the step as one CUDA
-graph (:class:`EngineGraph`) and a run's checkpoint in the lone format. Its two subclasses give only what
-differs: :mod:`hyla.train.lone` (one run: DDP, ``torch.compile``, the MoE auxiliary loss, ``torch.optim.AdamW``)
-and :mod:`hyla.train.stacked` (R runs whose parameters are rows of one ``R x N`` tensor, one forward for
-all, the stacked AdamW). The shell owns everything else, also written once: the loop, evaluation, metric
-flushing, logging, the non-finite check, checkpoints and signals.
+:class:`Engine` is written once for both engines: the setup (device and processes, validation, the runs'
+tasks, each with its own held-out split, and model sizes, the compile and ``train.graph_step`` checks, the
+data generators and their seeds), the micro-batch loop of a step (gradient accumulation and the step sums),
+the step as one CUDA graph (:class:`EngineGraph`) and a run's checkpoint in the lone format. Its two
+subclasses give only what differs: :mod:`hyla.train.lone` (one run: DDP, ``torch.compile``,
+``torch.optim.AdamW``) and :mod:`hyla.train.stacked` (R runs whose parameters are rows of one ``R x N``
+tensor, one forward for all, the stacked AdamW). The shell owns everything else, also written once: the
+loop, evaluation, metric flushing, logging, the non-finite check, checkpoints and signals.
 
 Step numbering, one convention everywhere: ``step`` is the number of optimizer updates already made (0
 before the first; a checkpoint at step N holds the state after N updates). ``train_step(step)`` makes
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from hyla.tasks.base import Batch, Task
-from hyla.train.build import build_task, sized_config
+from hyla.train.build import build_tasks, sized_config
 from hyla.train.checkpoint import CheckpointError, TrainingState, restore_generator
 from hyla.train.config import ExperimentConfig
 from hyla.train.fast import (
@@ -195,7 +195,10 @@ class Engine(ABC):
             )
         for cfg in cfgs:
             cfg.validate()
-        self.task: Task = build_task(cfgs[0], run_dir)
+        # each run its own held-out split (runs whose split is the same share one task); what the shell asks of
+        # ``self.task`` (splits, sizes, loss, metrics) is the same for all of them
+        self.tasks, self.task_of = build_tasks(cfgs, run_dir)
+        self.task: Task = self.tasks[0]
         self.cfgs = [sized_config(cfg, self.task) for cfg in cfgs]  # the runs' configs, models sized by the task
         self.cfg = self.cfgs[0]
         self.num_runs = len(cfgs)
@@ -273,8 +276,8 @@ class Engine(ABC):
         """Eval mode for the block, then train mode again."""
 
     @abstractmethod
-    def eval_forward(self, x: Tensor) -> Tensor:
-        """Every run's outputs ``out_RxBxPxO`` on one batch of inputs ``x_Bx...`` (no grad, in eval mode)."""
+    def eval_forward(self, x_RxBx: Tensor) -> Tensor:
+        """Every run's outputs ``out_RxBxPxO`` on its own inputs ``x_RxBx...`` (no grad, in eval mode)."""
 
     @abstractmethod
     def describe(self, names: list[str], steps: int) -> str:
@@ -295,7 +298,7 @@ class Engine(ABC):
 
     def step_body(self, step: int | Tensor) -> None:
         """Update ``step + 1``, ``step`` a device tensor inside a captured step: per micro-batch, sampling
-        from each run's generator, forward, backward and the step sums; then the optimizer."""
+        from each run's generator and split, forward, backward and the step sums; then the optimizer."""
         t = self.cfg.train
         accum = t.grad_accum_steps
         size = t.batch_size // self.dist.world // accum
@@ -304,7 +307,7 @@ class Engine(ABC):
         for micro in range(accum):
             if self._cudagraphs:  # the previous forward's CUDA-graph outputs are no longer needed
                 torch.compiler.cudagraph_mark_step_begin()
-            batches = [self.task.sample(size, "train", gen) for gen in self.data_gens]
+            batches = [self.tasks[k].sample(size, "train", gen) for k, gen in zip(self.task_of, self.data_gens)]
             with self._sync(last=micro == accum - 1):
                 with autocast(self.cfg, self.device):
                     out, batch, loss = self._forward_loss(batches)

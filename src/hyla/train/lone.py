@@ -1,7 +1,7 @@
 """The lone engine: one run (one model, ``torch.optim.AdamW``), optionally over DDP processes.
 
-It owns what only a lone run has: DDP (``torchrun``), ``torch.compile`` of the model, the MoE
-auxiliary loss, and ``train.graph_step`` (:class:`WholeStepGraph`). The setup, the micro-batch loop and
+It owns what only a lone run has: DDP (``torchrun``), ``torch.compile`` of the model module,
+``torch.optim.AdamW`` and its ``train.graph_step`` (:class:`WholeStepGraph`). The setup, the micro-batch loop and
 the checkpoint format are :class:`~hyla.train.engine.Engine`'s; the shell (:mod:`hyla.train.loop`)
 drives it as an engine of one run.
 """
@@ -98,8 +98,8 @@ class LoneEngine(Engine):
     def evaluation(self) -> AbstractContextManager[None]:
         return eval_mode(self.model)
 
-    def eval_forward(self, x: Tensor) -> Tensor:
-        return self.model(x, last_positions=self.task.num_output_positions).unsqueeze(0)
+    def eval_forward(self, x_RxBx: Tensor) -> Tensor:
+        return self.model(x_RxBx[0], last_positions=self.task.num_output_positions).unsqueeze(0)
 
     def _lone_run(self, r: int, step: int) -> tuple[nn.Module, torch.optim.AdamW]:
         return self.model, self.optimizer

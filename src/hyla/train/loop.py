@@ -273,23 +273,25 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, dict[str, float]]]:
-        """Per run: mean per-problem metrics over ``eval_size`` problems of every split (the same problems
-        each time: split ``i`` draws from a generator seeded ``eval_seed * 101 + i``)."""
-        t = self.cfg.train
+        """Per run: mean per-problem metrics over ``eval_size`` problems of every split of its own task (the
+        same problems each time: split ``i`` of each task draws from a generator seeded ``eval_seed * 101 + i``,
+        so a stacked run sees its lone run's problems)."""
+        t, tasks = self.cfg.train, self.engine.tasks
         results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
         with self.engine.evaluation():
             for i, split in enumerate(self.task.splits):
-                gen = torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i)
+                gens = [torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i) for _ in tasks]
                 sums: dict[str, Tensor] = {}
                 count = 0
                 for b in range(math.ceil(t.eval_size / t.eval_batch_size)):
                     n = min(t.eval_batch_size, t.eval_size - b * t.eval_batch_size)
-                    batch = self.task.sample(n, split, gen)  # every rank draws all batches: identical streams
+                    drawn = [task.sample(n, split, gen) for task, gen in zip(tasks, gens)]  # every rank draws all
                     if b % self.dist.world != self.dist.rank:
                         continue
+                    batches = [drawn[k] for k in self.engine.task_of]
                     with autocast(self.cfg, self.device):
-                        out_RxBxPxO = self.engine.eval_forward(batch.inputs)
-                    per_run = [self.task.metrics(out_RxBxPxO[r].float(), batch) for r in range(self.num_runs)]
+                        out_RxBxPxO = self.engine.eval_forward(torch.stack([batch.inputs for batch in batches]))
+                    per_run = [self.task.metrics(out_RxBxPxO[r].float(), batch) for r, batch in enumerate(batches)]
                     for k in per_run[0]:
                         s_R = torch.stack([m[k].double().sum() for m in per_run])
                         sums[k] = sums[k] + s_R if k in sums else s_R

@@ -1,10 +1,10 @@
 """Which runs train together and with which engine: the one planner of ``hyla train`` and ``hyla sweep``.
 
 Runs form one stack when the stacked engine can stack them (:func:`hyla.train.stacked.stack_key`: same
-config but seed and optimizer hyperparameters) and they start together: all new, or all resuming from
-checkpoints of the same step (a stack stopped together continues together; runs stopped at different
-steps resume one by one). A group of one run trains with the lone engine, the reference; a group of two
-or more with the stacked one (:func:`engine_for`).
+config but seed, held-out split, data seed and optimizer hyperparameters) and they start together: all new,
+or all resuming from checkpoints of the same step (a stack stopped together continues together; runs stopped
+at different steps resume one by one). A group of one run trains with the lone engine, the reference; a
+group of two or more with the stacked one (:func:`engine_for`). :func:`describe_plan` says how they train.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hyla.train.config import ExperimentConfig
 
 def engine_for(cfgs: list[ExperimentConfig]) -> str:
     """The engine of one group of :func:`plan_groups`: ``lone`` for one run, else ``stacked``. A stack of
-    one equals its lone run bit for bit with the loop forward, so the lone engine (DDP, MoE, its own
-    CUDA graph) is the one to use."""
+    one equals its lone run bit for bit with the loop forward, so the lone engine (DDP, its own CUDA
+    graph) is the one to use."""
     return "lone" if len(cfgs) == 1 else "stacked"
 
 
@@ -32,3 +32,17 @@ def plan_groups(cfgs: list[ExperimentConfig], resume_from: list[int | None] | No
         key = stack_key(cfg)
         groups.setdefault((start, i if key is None else key), []).append(i)
     return list(groups.values())
+
+
+def describe_plan(groups: list[list[ExperimentConfig]]) -> str:
+    """The planner's line on groups of :func:`plan_groups`: how many, and why the runs are not one stack."""
+    from hyla.train.stacked import not_stackable_reason, stack_differences
+
+    runs = [cfg for group in groups for cfg in group]
+    if len(groups) == 1:
+        return f"{len(runs)} runs in one stack" if len(runs) > 1 else "1 run"
+    reasons = sorted({reason for cfg in runs if (reason := not_stackable_reason(cfg))})
+    if differ := stack_differences(runs):
+        reasons.append(f"they differ in {', '.join(differ)}")
+    why = "; ".join(reasons) or "their checkpoints are at different steps"  # the one other cause
+    return f"{len(runs)} runs in {len(groups)} groups ({why})"

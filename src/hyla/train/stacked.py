@@ -1,12 +1,15 @@
 """The stacked engine: R independent runs in one process, stacked along a leading run dimension.
 
 ``hyla train CONFIG --seeds 0,1,2 --out DIR`` (runs ``DIR/seed0`` ...), ``--sweep`` and ``hyla sweep``
-train here. Runs may differ in :data:`STACKABLE_KEYS` (seed, data seed, and the optimizer's
-hyperparameters); runs that differ in anything else are split into groups trained one after
+train here. Runs may differ in :data:`STACKABLE_KEYS` (seed, data seed, held-out split and the
+optimizer's hyperparameters); runs that differ in anything else are split into groups trained one after
 another (:func:`hyla.train.plan.plan_groups`, by :func:`stack_key`). Each run ``r`` of a stack
 
 * is initialized exactly as the lone run with its seed (the R models are built one by one);
-* draws its problems from its own generator, seeded as the lone run's, so it sees the same data;
+* has its own task, with the held-out split of its ``split_seed`` (the paper configs': its seed), and
+  draws its training problems inside the step from its own generator, seeded as the lone run's, and its
+  evaluation problems from its own split as the lone run does, so it sees the same data;
+* adds its own MoE load-balancing term (``train.moe_aux_weight``) to the loss, as its lone run does;
 * is updated by :class:`~hyla.train.optim.StackedAdamW` with its own learning-rate schedule and
   weight decay, with the arithmetic of ``torch.optim.AdamW`` (decay on the lone run's decayed
   parameters only);
@@ -50,6 +53,7 @@ from hyla.train.optim import StackedAdamW, decayed_parameter_names
 STACKABLE_KEYS = (
     "seed",
     "name",
+    "data.split_seed",
     "train.data_seed",
     "train.init_weights",
     "train.lr",
@@ -72,21 +76,20 @@ def stack_forward_mode(setting: str, device: torch.device | str) -> str:
 
 
 # ------------------------------------------------------------------------------ which runs stack
-def _stack_view(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The flat config, with the split seed resolved: runs whose split follows their seed share no task."""
-    return {**flat_config(cfg.to_dict()), "data.split_seed": cfg.split_seed}
-
-
 def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
     """Why a run cannot be part of a stack (it is then trained alone), or None."""
     task_reason = task_entry(cfg.data.task).task.not_stackable_because
     if task_reason:
         return f"data.task={cfg.data.task} ({task_reason})"
-    if cfg.model.moe_experts:
-        return "model.moe_experts > 0 (the MoE auxiliary loss is per model)"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return "launched with torchrun (stacked runs use one process)"
     return None
+
+
+def stack_differences(cfgs: list[ExperimentConfig]) -> list[str]:
+    """The config keys outside :data:`STACKABLE_KEYS` in which ``cfgs`` differ (none: they may share a stack)."""
+    flats = [flat_config(cfg.to_dict()) for cfg in cfgs]
+    return sorted(k for k in flats[0] if k not in STACKABLE_KEYS and any(f.get(k) != flats[0][k] for f in flats[1:]))
 
 
 def check_stackable(cfgs: list[ExperimentConfig]) -> None:
@@ -96,15 +99,12 @@ def check_stackable(cfgs: list[ExperimentConfig]) -> None:
     reason = not_stackable_reason(cfgs[0])
     if reason:
         raise ValueError(f"these runs cannot be stacked: {reason}")
-    base = _stack_view(cfgs[0])
-    for cfg in cfgs[1:]:
-        other = _stack_view(cfg)
-        bad = sorted(k for k in base if base[k] != other[k] and k not in STACKABLE_KEYS)
-        if bad:
-            raise ValueError(
-                f"runs can be stacked only if they differ in {', '.join(STACKABLE_KEYS)}; these differ too: "
-                f"{', '.join(bad)} (train them as separate stacks)"
-            )
+    bad = stack_differences(cfgs)
+    if bad:
+        raise ValueError(
+            f"runs can be stacked only if they differ in {', '.join(STACKABLE_KEYS)}; these differ too: "
+            f"{', '.join(bad)} (train them as separate stacks)"
+        )
 
 
 def stack_key(cfg: ExperimentConfig) -> str | None:
@@ -112,7 +112,7 @@ def stack_key(cfg: ExperimentConfig) -> str | None:
     that cannot be stacked at all (:func:`not_stackable_reason`)."""
     if not_stackable_reason(cfg):
         return None
-    return config_key(_stack_view(cfg), STACKABLE_KEYS)
+    return config_key(flat_config(cfg.to_dict()), STACKABLE_KEYS)
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -190,19 +190,23 @@ class StackedEngine(Engine):
         self._build_forward()
 
     def _build_forward(self) -> None:
-        """``_forward_train(params, buffers, x_RxBx...)`` and ``_forward_eval(params, buffers, x_Bx...)``,
-        both ``-> out_RxBxPxO``, as ``train.stack_forward``, ``train.fast`` and ``train.graph_step`` ask."""
+        """``_forward_train(params, buffers, x_RxBx..., keep)`` and ``_forward_eval(params, buffers, x_RxBx...)``,
+        both ``-> (out_RxBxPxO, aux_R)`` (each run on its own inputs; ``aux_R`` each run's MoE load-balancing
+        term), as ``train.stack_forward``, ``train.fast`` and ``train.graph_step`` ask."""
         self.forward_mode = stack_forward_mode(self.cfg.train.stack_forward, self.device)
         mode, positions, template = self.compile_mode, self.task.num_output_positions, self.template
 
-        def one_run(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None) -> Tensor:
+        def one_run(
+            p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None
+        ) -> tuple[Tensor, Tensor]:
             with supplied_keep_masks(keep) if keep is not None else nullcontext():
-                return functional_call(template, (p, b), (x,), {"last_positions": positions})
+                out = functional_call(template, (p, b), (x,), {"last_positions": positions})
+            return out, template.pop_aux_loss()  # this run's term, read inside its own call
 
         if self.forward_mode == "vmap":
             masks = 0 if self.cfg.model.attention_dropout > 0 else None  # each run its own masks, if any
             self._forward_train = vmap(one_run, in_dims=(0, 0, 0, masks))  # each run its own batch
-            self._forward_eval = vmap(one_run, in_dims=(0, 0, None, None))  # one batch for all runs
+            self._forward_eval = vmap(one_run, in_dims=(0, 0, 0, None))
             if mode is not None:
                 self._forward_train = torch.compile(self._forward_train, mode=mode)
             return
@@ -210,19 +214,20 @@ class StackedEngine(Engine):
         # stacked ones, so autograd still delivers the R x N gradient the stacked optimizer reads
         one_run_train = torch.compile(one_run, mode=mode) if mode is not None else one_run
 
-        def loop(fn: Any, shared_input: bool) -> Any:
-            def forward(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None) -> Tensor:
+        def loop(fn: Any) -> Any:
+            def forward(
+                p: dict[str, Tensor], b: dict[str, Tensor], x_RxBx: Tensor, keep: list[Tensor] | None = None
+            ) -> tuple[Tensor, Tensor]:
                 outs = []
                 for r in range(self.num_runs):
                     row_p, row_b = {n: t[r] for n, t in p.items()}, {n: t[r] for n, t in b.items()}
-                    row_keep = None if keep is None else [m[r] for m in keep]
-                    outs.append(fn(row_p, row_b, x if shared_input else x[r], row_keep))
-                return torch.stack(outs)
+                    outs.append(fn(row_p, row_b, x_RxBx[r], None if keep is None else [m[r] for m in keep]))
+                return torch.stack([o for o, _ in outs]), torch.stack([a for _, a in outs])
 
             return forward
 
-        self._forward_train = loop(one_run_train, shared_input=False)
-        self._forward_eval = loop(one_run, shared_input=True)
+        self._forward_train = loop(one_run_train)
+        self._forward_eval = loop(one_run)
 
     def describe(self, names: list[str], steps: int) -> str:
         return (
@@ -235,10 +240,13 @@ class StackedEngine(Engine):
     def _forward_loss(self, batches: list[Batch]) -> tuple[Tensor, Batch, Tensor]:
         x_RxBx = torch.stack([b.inputs for b in batches])
         batch = _concat(batches)
-        out_RxBxPxO = self._forward_train(self.params, self.buffers, x_RxBx, self._draw_keep_masks(x_RxBx))
+        out_RxBxPxO, aux_R = self._forward_train(self.params, self.buffers, x_RxBx, self._draw_keep_masks(x_RxBx))
         out = out_RxBxPxO.flatten(0, 1).float()
         # the task loss is a mean over problems: R x (mean over R*B) sums the runs' own losses
-        return out, batch, self.task.loss(out, batch) * self.num_runs
+        loss = self.task.loss(out, batch) * self.num_runs
+        if self.cfg.model.moe_experts:  # each run's own load-balancing term, weighted as its lone run's
+            loss = loss + self.cfg.train.moe_aux_weight * aux_R.sum()
+        return out, batch, loss
 
     def _backward(self, loss: Tensor, grads: Tensor | None) -> Tensor:
         """The gradient ``grad_RxN`` in ``flat_RxN``'s columns, summed over the micro-batches so far."""
@@ -276,8 +284,8 @@ class StackedEngine(Engine):
     def evaluation(self) -> AbstractContextManager[None]:
         return eval_mode(self.template)
 
-    def eval_forward(self, x: Tensor) -> Tensor:
-        return self._forward_eval(self.params, self.buffers, x, None)
+    def eval_forward(self, x_RxBx: Tensor) -> Tensor:
+        return self._forward_eval(self.params, self.buffers, x_RxBx, None)[0]
 
     # --------------------------------------------------------------------------- checkpoints
     def _lone_run(self, r: int, step: int) -> tuple[nn.Module, torch.optim.AdamW]:
