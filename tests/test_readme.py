@@ -17,7 +17,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = "<!-- runnable -->"
 FENCE = re.compile(r"^<!-- runnable -->\n```(\w+)\n(.*?)\n```$", re.S | re.M)
 #: what an example sees of the repository from its scratch folder (read-only use: examples write under runs/)
-SHARED = ("configs", "results", "src", "benchmarks")
+SHARED = ("results", "src", "benchmarks")
 TIMEOUT_S = 240
 
 
