@@ -217,11 +217,42 @@ def _updates_reached(run: RunRecord) -> int:
     return step if step is not None else max((m["step"] for m in run.metrics), default=0)
 
 
+def point_cells(sweep: Sweep) -> Callable[[str, tuple], list[str]]:
+    """The cells of a grid point of a row, one per axis of the sweep (:meth:`Sweep.axis_keys`)."""
+    grid_keys = sweep.axis_keys()
+    fixed = {row: sweep.row_values(row) for row in sweep.rows}
+
+    def cells(row: str, point: tuple) -> list[str]:
+        # a row without another row's own axis (its grid:) shows the value its runs have there
+        values = {**fixed[row], **dict(point)}
+        return [str(values[k]) for k in grid_keys]
+
+    return cells
+
+
+def chosen_table(found: SweepResults) -> list[str]:
+    """A sweep's main table: per row the chosen grid point, ours beside the paper (``paper.md``, and the
+    docs' results page, which is ``paper.md``; ``make test`` checks it against the records)."""
+    cells, what = point_cells(found.sweep), paper_column(found.task).title
+    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
+    table = [head + f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |", "|" + "---|" * 7]
+    for r in found.rows:
+        if r.ood is None:
+            table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - |")
+            continue
+        chosen = ", ".join(cells(r.row, r.point)) or "-"
+        table.append(
+            f"| {r.row} | {r.seeds} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
+            f"{agreement(r.ood, r.paper, r.seeds)} |"
+        )
+    return table
+
+
 def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
     """The markdown section of one sweep (and its figure under ``figures``)."""
     found = sweep_results(sweep, root)
     task, loaded, done = found.task, found.loaded, found.done
-    metric, what = paper_column(task).metric, paper_column(task).title
+    metric = paper_column(task).metric
     commits, devices, wall, unfinished = _made_by(root / sweep.name)
     untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
     lines = [
@@ -235,32 +266,14 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         "",
     ]
     grid_keys = sweep.axis_keys()
-    fixed = {row: sweep.row_values(row) for row in sweep.rows}
-
-    def cells(row: str, point: tuple) -> list[str]:
-        # a row without another row's own axis (its grid:) shows the value its runs have there
-        values = {**fixed[row], **dict(point)}
-        return [str(values[k]) for k in grid_keys]
-
-    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in grid_keys)
-    head += f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |"
-    table = [head, "|" + "---|" * 7]
+    cells = point_cells(sweep)
+    table = chosen_table(found)
     all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
     all_points.append("|" + "---|" * (len(grid_keys) + 4))
     for row, point, n, planned, test, ood in found.points:
         values = " | ".join(cells(row, point))
         all_points.append(f"| {row} | {values} | {n}/{planned} | {_fmt(test)} | {_fmt(ood)} |")
-    chosen_runs: list[tuple[str, RunRecord]] = []
-    for r in found.rows:
-        if r.ood is None:
-            table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - |")
-            continue
-        chosen = ", ".join(cells(r.row, r.point)) or "-"
-        table.append(
-            f"| {r.row} | {r.seeds} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
-            f"{agreement(r.ood, r.paper, r.seeds)} |"
-        )
-        chosen_runs += [(r.row, run) for run in r.runs]
+    chosen_runs = [(r.row, run) for r in found.rows if r.ood is not None for run in r.runs]
     in_progress = [run for name, run in loaded.items() if name not in done]
     for run in in_progress:
         chosen_runs.append((run.label.split("-")[0] + " (in progress)", run))
