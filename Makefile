@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: install demo test test-portable test-kernel lint docs bench clean
+.PHONY: install demo test test-portable test-kernel lint docs dist bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The sdist and the wheel into dist/ (built in an isolated environment), then twine's check of their metadata
+# and README; tests/test_packaging.py installs such a wheel and runs the README's commands from elsewhere.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 # The CPU tables in results/ (see each file for its exact command); benchmarks/gpu/ for a GPU.
 bench: $(STAMP)
 	$(BIN)/hyla bench step --task sraven --variants softmax,linear,hyla,hyla_plus --steps 30 --json results/bench_step_sraven_cpu.json
@@ -61,4 +68,4 @@ bench: $(STAMP)
 	$(BIN)/hyla bench train --task fuzzy_logic --variants softmax,hyla --seeds 3 --steps 20 --repeats 3 --json results/train_throughput_fuzzy_cpu.json
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache
+	rm -rf $(VENV) runs site dist build .pytest_cache

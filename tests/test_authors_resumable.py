@@ -230,7 +230,7 @@ def test_init_seed_swaps_the_initial_state_and_keeps_the_data(tmp_path: Path, ca
 
 
 def test_their_initial_draw_becomes_our_weights(tmp_path: Path, cache: Path) -> None:
-    # the paper's SRAVEN size (import-init maps onto our configs/sraven.yaml model), no training
+    # the paper's SRAVEN size (import-init maps onto our src/hyla/configs/sraven.yaml model), no training
     dump = tmp_path / "init.npz"
     out = subprocess.run(
         [

@@ -128,7 +128,7 @@ def test_bench_attention_runs_the_fused_kernel_under_the_interpreter(tmp_path: P
 
 
 def test_bench_step_reads_the_paper_models_from_the_task_configs() -> None:
-    """The sizes of the paper's models come from ``configs/`` (the task's ``paper_config``), not a copy."""
+    """The sizes of the paper's models come from ``hyla/configs/`` (the task's ``paper_config``), not a copy."""
     from hyla.bench.step import paper_model, paper_tasks
 
     assert paper_tasks() == ("sraven", "fuzzy_logic")

@@ -19,7 +19,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = "<!-- runnable -->"
 FENCE = re.compile(r"^<!-- runnable -->\n```(\w+)\n(.*?)\n```$", re.S | re.M)
 #: what an example sees of the repository from its scratch folder (read-only use: examples write under runs/)
-SHARED = ("configs", "results", "src", "benchmarks")
+SHARED = ("results", "src", "benchmarks")
+#: the committed sweep records the README table and the results page are made from
+RECORDS = ROOT / "results" / "sweeps"
 
 
 def runnable_examples() -> list[tuple[str, str, str]]:
@@ -72,11 +74,36 @@ def test_readme_starts_with_demo_and_test_and_stays_short() -> None:
 
 def test_readme_table_is_what_the_records_give() -> None:
     from hyla.analysis.paper_report import readme_table, replace_readme_table
-    from hyla.train.sweepfile import RECORD_ROOT
 
     text = (ROOT / "README.md").read_text()
-    expected = replace_readme_table(text, readme_table(RECORD_ROOT))
+    expected = replace_readme_table(text, readme_table(RECORDS))
     assert text == expected, "README.md's table is stale: run `hyla report --readme-table --out README.md`"
+
+
+def test_docs_results_page_is_paper_md_with_the_records_tables() -> None:
+    """The site's results page is ``results/paper.md`` with its figures (the docs hook adds them); each
+    paper sweep's table in it is what the records give, and every figure a page shows is in the site."""
+    import importlib.util
+
+    from hyla.analysis.paper_report import PAPER_SWEEPS, chosen_table, sweep_results
+    from hyla.train.sweepfile import load_sweep
+
+    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "docs" / "_hooks" / "results.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    sources = hook.results_sources()
+    paper = ROOT / "results" / "paper.md"
+    assert sources[hook.PAGE] == paper
+    text = paper.read_text()
+    for name in PAPER_SWEEPS:
+        table = "\n".join(chosen_table(sweep_results(load_sweep(name), RECORDS)))
+        assert f"## {name}\n" in text and table in text, (
+            f"results/paper.md's {name} table is stale: run `hyla report --paper --out results`"
+        )
+    for page in (text, (ROOT / "docs" / "index.md").read_text()):
+        shown = set(re.findall(r"\]\((paper/[^)]+\.png)\)", page))
+        assert shown and shown <= set(sources), f"figures not in the site: {sorted(shown - set(sources))}"
 
 
 def test_readme_table_markers_are_required() -> None:

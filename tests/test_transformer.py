@@ -157,7 +157,7 @@ def test_relative_position_span_follows_the_config_or_the_sequence_length() -> N
 
     unset = ("model.relative_position_buckets=null", "model.relative_position_max_distance=null")
     assert span(*unset) == (32, 32)  # the sequence length of the fuzzy-logic task
-    assert span() == (128, 128)  # configs/fuzzy_logic.yaml: the authors' 128
+    assert span() == (128, 128)  # hyla/configs/fuzzy_logic.yaml: the authors' 128
     assert span("model.relative_position_buckets=16", "model.relative_position_max_distance=20") == (16, 20)
     lone = Transformer(TransformerConfig(input_dim=3))
     assert (lone.cfg.relative_position_buckets, lone.cfg.relative_position_max_distance) == (64, 64)

@@ -189,7 +189,7 @@ run_authors_sraven_resumable() {  # variant seed: as run_authors_sraven, resumab
   if [[ $rc != 0 ]]; then echo "their run failed ($rc): $dir/stdout.log" >&2; exit 1; fi
 }
 
-# Ours: the authors' setup is configs/fuzzy_logic.yaml itself; the library defaults undo each of its
+# Ours: the authors' setup is src/hyla/configs/fuzzy_logic.yaml itself; the library defaults undo each of its
 # authors'-code options; a flip undoes one of them.
 LIBRARY_DEFAULTS=(data.split_style=cover data.num_unseen_terms=0 data.split_seed=0
   model.relative_position_bidirectional=null model.attention_dropout=0 model.init=torch

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ours on one GPU: SRAVEN HYLA at the paper's grid point (configs/sraven.yaml: lr 1e-3, wd 0.1, warmup 1000),
+# Ours on one GPU: SRAVEN HYLA at the paper's grid point (src/hyla/configs/sraven.yaml: lr 1e-3, wd 0.1, warmup 1000),
 # the seeds SEEDS (sharing seed 0's held-out tasks) trained together as one stacked model for MINUTES, to count how many leave the first plateau
 # (about 14% OOD) and when. Theirs: 3 of 5 runs left it by 62,500 updates (results/gpu_sraven_verdict/README.md);
 # ours has one finished run, which did not.

@@ -1,7 +1,7 @@
 """``hyla demo``: the first steps of the paper's fuzzy-logic runs on your CPU, beside their full-length records.
 
 The runs are Table A1's softmax, linear and HYLA at the paper's grid point, seed 0: the first run of each
-row in ``configs/sweeps/table_a1_fuzzy.yaml`` (lr 1e-3, wd 0.1), trained from the config its committed
+row in ``hyla/configs/sweeps/table_a1_fuzzy.yaml`` (lr 1e-3, wd 0.1), trained from the config its committed
 record holds (``results/sweeps/table_a1_fuzzy/<run>/config.yaml``): the 50,000-step schedule, stopped
 after ``--steps``. Each run trains on one thread, as the records did, all at once. The report then
 

@@ -99,7 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             metavar="key.sub=value",
             help="with --config: overrides (seed=1 ...)",
         )
-        q.add_argument("--config", help="build the task as this training config does (a name in configs/ or a path)")
+        q.add_argument(
+            "--config", help="build the task as this training config does (a packaged config name or a path)"
+        )
         q.add_argument("--split", required=True, help="a split of the task: train | test | ood | ...")
         q.add_argument("--num", type=int, required=True, help="number of problems")
         q.add_argument("--seed", type=int, default=0, help="seed of the problems (not of the split)")

@@ -1,6 +1,6 @@
 """``hyla report --paper``: ``results/paper.md``, ours beside the paper's numbers, from the sweep records.
 
-For each paper sweep (``configs/sweeps/``; then our follow-ups that have records): the command, the
+For each paper sweep (``hyla/configs/sweeps/``; then our follow-ups that have records): the command, the
 commits, machines and devices that trained it, the wall time, and per row our final OOD metric (mean +-
 s.e. over the finished seeds) at the grid point its in-distribution validation metric (split ``test``,
 final evaluation; among the points with the most finished seeds) chose, beside the paper's value,
@@ -217,23 +217,8 @@ def _updates_reached(run: RunRecord) -> int:
     return step if step is not None else max((m["step"] for m in run.metrics), default=0)
 
 
-def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
-    """The markdown section of one sweep (and its figure under ``figures``)."""
-    found = sweep_results(sweep, root)
-    task, loaded, done = found.task, found.loaded, found.done
-    metric, what = paper_column(task).metric, paper_column(task).title
-    commits, devices, wall, unfinished = _made_by(root / sweep.name)
-    untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
-    lines = [
-        f"## {sweep.name}",
-        "",
-        f"Command: `hyla sweep {sweep.name}` (`configs/sweeps/{sweep.name}.yaml`; records in "
-        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(sweep.runs())} runs "
-        f"finished, {len(loaded) - len(done)} in progress.",
-        f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
-        f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
-        "",
-    ]
+def point_cells(sweep: Sweep) -> Callable[[str, tuple], list[str]]:
+    """The cells of a grid point of a row, one per axis of the sweep (:meth:`Sweep.axis_keys`)."""
     grid_keys = sweep.axis_keys()
     fixed = {row: sweep.row_values(row) for row in sweep.rows}
 
@@ -242,15 +227,15 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         values = {**fixed[row], **dict(point)}
         return [str(values[k]) for k in grid_keys]
 
-    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in grid_keys)
-    head += f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |"
-    table = [head, "|" + "---|" * 7]
-    all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
-    all_points.append("|" + "---|" * (len(grid_keys) + 4))
-    for row, point, n, planned, test, ood in found.points:
-        values = " | ".join(cells(row, point))
-        all_points.append(f"| {row} | {values} | {n}/{planned} | {_fmt(test)} | {_fmt(ood)} |")
-    chosen_runs: list[tuple[str, RunRecord]] = []
+    return cells
+
+
+def chosen_table(found: SweepResults) -> list[str]:
+    """A sweep's main table: per row the chosen grid point, ours beside the paper (``paper.md``, and the
+    docs' results page, which is ``paper.md``; ``make test`` checks it against the records)."""
+    cells, what = point_cells(found.sweep), paper_column(found.task).title
+    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
+    table = [head + f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |", "|" + "---|" * 7]
     for r in found.rows:
         if r.ood is None:
             table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - |")
@@ -260,7 +245,35 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
             f"| {r.row} | {r.seeds} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
             f"{agreement(r.ood, r.paper, r.seeds)} |"
         )
-        chosen_runs += [(r.row, run) for run in r.runs]
+    return table
+
+
+def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
+    """The markdown section of one sweep (and its figure under ``figures``)."""
+    found = sweep_results(sweep, root)
+    task, loaded, done = found.task, found.loaded, found.done
+    metric = paper_column(task).metric
+    commits, devices, wall, unfinished = _made_by(root / sweep.name)
+    untimed = f" (not counting {unfinished} pieces still training or killed before their end)" if unfinished else ""
+    lines = [
+        f"## {sweep.name}",
+        "",
+        f"Command: `hyla sweep {sweep.name}` (`src/hyla/configs/sweeps/{sweep.name}.yaml`; records in "
+        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(sweep.runs())} runs "
+        f"finished, {len(loaded) - len(done)} in progress.",
+        f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
+        f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
+        "",
+    ]
+    grid_keys = sweep.axis_keys()
+    cells = point_cells(sweep)
+    table = chosen_table(found)
+    all_points = ["| row | " + " | ".join(k.split(".")[-1] for k in grid_keys) + " | seeds done | test | ood |"]
+    all_points.append("|" + "---|" * (len(grid_keys) + 4))
+    for row, point, n, planned, test, ood in found.points:
+        values = " | ".join(cells(row, point))
+        all_points.append(f"| {row} | {values} | {n}/{planned} | {_fmt(test)} | {_fmt(ood)} |")
+    chosen_runs = [(r.row, run) for r in found.rows if r.ood is not None for run in r.runs]
     in_progress = [run for name, run in loaded.items() if name not in done]
     for run in in_progress:
         chosen_runs.append((run.label.split("-")[0] + " (in progress)", run))
@@ -393,7 +406,8 @@ def paper_report(
         "",
         "Generated by `hyla report --paper --out results` from the sweep records in `results/sweeps/` "
         "(each run's `made_by.jsonl` names the commit, machine and device that trained it). The paper "
-        "configs follow the authors' code (`configs/fuzzy_logic.yaml`, `configs/sraven.yaml`). Each row's "
+        "configs follow the authors' code (`src/hyla/configs/fuzzy_logic.yaml`, "
+        "`src/hyla/configs/sraven.yaml`). Each row's "
         "grid point is chosen by its in-distribution validation metric (split `test`, final evaluation, among "
         "the points with the most finished seeds), never by OOD; every grid point is listed below its table. "
         "'agree' compares ours with the paper within two combined standard errors (needs >= 2 finished seeds).",

@@ -26,7 +26,7 @@ from hyla.models import Transformer, TransformerConfig, num_parameters
 from hyla.tasks import REGISTRY, task_entry
 from hyla.train.fast import keep_compiled_code_apart
 
-#: the sizes of the paper's model (notes section 2) read from the task's config in ``configs/``; seq_len
+#: the sizes of the paper's model (notes section 2) read from the task's config in ``hyla/configs/``; seq_len
 #: and input/output sizes come from the task encoding, the rest of the model is the variant's
 PAPER_MODEL_SIZES = ("num_layers", "emb_dim", "num_heads", "qk_dim", "v_dim", "mlp_dim")
 

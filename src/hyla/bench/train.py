@@ -2,7 +2,7 @@
 
 Times the trainers' own ``train_step`` (sampling on the device, forward, backward, AdamW, the
 per-step metric accumulation; no evaluation or logging) after a warm-up, with the task's config
-(``configs/<task>.yaml``) and each given attention variant. Lone and stacked blocks of ``--steps``
+(``hyla/configs/<task>.yaml``) and each given attention variant. Lone and stacked blocks of ``--steps``
 steps alternate ``--repeats`` times and the median block is reported, which tempers a shared
 machine's load changes (the load average is recorded too). ``--fast`` sets ``train.fast``
 (:mod:`hyla.train.fast`); ``--time-eval`` also times one evaluation, to project the wall time of

@@ -2,7 +2,7 @@
 
 A language model is a :class:`~hyla.models.Transformer` with token inputs, tied input/output
 embeddings, RoPE, RMSNorm, SwiGLU and causal attention (any preset). Presets (model widths; the data
-and training sides live in ``configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``lm-small``, and
+and training sides live in ``hyla/configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``lm-small``, and
 ``lm-paper`` (the paper's C4 model: 6 layers, emb 512, 8 heads, mlp 2048; we read the paper's
 "qk/v 64" as 64 per head, i.e. 512 in total, the usual choice for emb 512 and 8 heads).
 

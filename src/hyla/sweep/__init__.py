@@ -1,6 +1,6 @@
 """``hyla sweep FILE``: a grid of runs you can stop and continue anywhere, recorded in the repository.
 
-A sweep file (``configs/sweeps/*.yaml``, one per paper experiment; format in
+A sweep file (``hyla/configs/sweeps/*.yaml``, one per paper experiment; format in
 :mod:`hyla.train.sweepfile`) names rows x grid x seeds over a base config. Run
 ``ROW-lr0.001-weight_decay0.1-seed0`` trains into ``ROOT/<sweep name>/<run>/`` (ROOT: ``results/sweeps``):
 ``config.yaml`` and the metrics (:mod:`hyla.train.rundir`) are the record (committed); ``made_by.jsonl``

@@ -125,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="run a sweep file (configs/sweeps/): resumable, recorded under results/sweeps")
-    p.add_argument("file", help="a sweep YAML path or a name in configs/sweeps/ (e.g. table_a1_fuzzy)")
+    p = sub.add_parser(
+        "sweep", help="run a sweep file (packaged ones by name): resumable, recorded under ./results/sweeps"
+    )
+    p.add_argument("file", help="a sweep YAML path or the name of a packaged sweep (e.g. table_a1_fuzzy); a path wins")
     p.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default: all)")
     p.add_argument(
         "--where",

@@ -24,10 +24,13 @@ from hyla import cpu
 from hyla.attention.kernels.c.wrapper import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
-from hyla.train.config import CONFIG_DIR, ExperimentConfig
+from hyla.train.config import ExperimentConfig
 from hyla.train.plan import engine_for, plan_groups
 from hyla.train.rundir import finish_piece_record, read_pieces, start_piece_record
 from hyla.train.sweepfile import RunSpec
+
+#: the checkout this code runs from (this file is its src/hyla/sweep/groups.py), whose commit a piece records
+SOURCE_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,11 @@ def provenance(device: str) -> dict[str, Any]:
     from hyla.bench import device_label
 
     def git(*args: str) -> str:
+        if not (SOURCE_ROOT / ".git").exists():  # an installed wheel: no commit to name (not the cwd's repository)
+            return ""
         try:
             return subprocess.run(
-                ["git", *args], cwd=CONFIG_DIR.parent, capture_output=True, text=True, timeout=10
+                ["git", *args], cwd=SOURCE_ROOT, capture_output=True, text=True, timeout=10
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""

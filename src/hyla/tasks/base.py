@@ -76,7 +76,7 @@ class Task(ABC):
     latent_probe: ClassVar[str | None] = None
     #: its column in the paper's Table A1 (None: not in the paper)
     paper_column: ClassVar[PaperColumn | None] = None
-    #: the config in ``configs/`` with the paper's model for this task (``hyla bench step``)
+    #: the config in ``hyla/configs/`` with the paper's model for this task (``hyla bench step``)
     paper_config: ClassVar[str | None] = None
     #: criteria of :meth:`ambiguous_fraction` (``hyla bench data --ambiguity``; empty: none)
     ambiguity_criteria: ClassVar[tuple[str, ...]] = ()

@@ -53,7 +53,7 @@ class FuzzyLogicOptions:
     """The ``data.*`` options of ``data.task=fuzzy_logic`` and the defaults of :class:`FuzzyLogic`: the
     paper's setting (Table A1, Fig. 2C: L=4, K=2, N=32, 70% of the term combinations held out) on the
     cover split; the authors' code's universe (``split_style=authors``, 4 unseen terms) is
-    ``configs/fuzzy_logic.yaml``."""
+    ``hyla/configs/fuzzy_logic.yaml``."""
 
     holdout: float = field(default=0.7, metadata={"help": "fraction of term combinations held out (ood)"})
     num_variables: int = 4

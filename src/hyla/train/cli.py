@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML path or a name in configs/ (e.g. sraven, fuzzy_logic)")
+    p.add_argument("config", help="YAML path or the name of a packaged config (e.g. sraven, fuzzy_logic); a path wins")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. model.attention=hyla")
     p.add_argument("--out", required=True, help=f"run directory (config.yaml, {METRICS}, tb/, checkpoints/)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
@@ -150,6 +150,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model on a task (see configs/)")
+    p = sub.add_parser("train", help="train a model on a task (packaged configs: hyla/configs/)")
     add_train_arguments(p)
     p.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""Experiment configuration: typed dataclasses, YAML files in ``configs/``, ``key.sub=value`` overrides.
+"""Experiment configuration: typed dataclasses, YAML files in ``hyla/configs/``, ``key.sub=value`` overrides.
 
 An experiment is ``seed`` + ``data`` (the task and its split) + ``model`` (a
 :class:`~hyla.models.TransformerConfig`; input/output sizes come from the task) + ``train``.
@@ -302,19 +302,26 @@ def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     return cfg
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+#: the paper configs, shipped inside the package (``hyla/configs/``) so that an installed wheel has them
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def resolve_config_path(name_or_path: str) -> Path:
-    """A YAML path, or the name of a file in the repository's ``configs/`` (``sraven``, ``fuzzy_logic``)."""
+def packaged_yaml(name_or_path: str, folder: Path, what: str) -> Path:
+    """A YAML file: ``name_or_path`` itself if it is a file (a user's own file wins), else the packaged
+    ``folder/NAME.yaml``; an unknown name fails listing the packaged names."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    candidate = CONFIG_DIR / (name_or_path if name_or_path.endswith(".yaml") else name_or_path + ".yaml")
+    candidate = folder / (name_or_path if name_or_path.endswith(".yaml") else name_or_path + ".yaml")
     if candidate.is_file():
         return candidate
-    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
-    raise ValueError(f"config {name_or_path!r} not found; give a YAML path or one of: {', '.join(available)}")
+    available = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    raise ValueError(f"{what} {name_or_path!r} not found; give a YAML path or one of: {', '.join(available)}")
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A YAML path, or the name of a packaged config in ``hyla/configs/`` (``sraven``, ``fuzzy_logic``)."""
+    return packaged_yaml(name_or_path, CONFIG_DIR, "config")
 
 
 def read_config_values(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

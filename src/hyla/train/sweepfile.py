@@ -1,4 +1,4 @@
-"""Sweep files (``configs/sweeps/*.yaml``): the grid of runs of one experiment and the state of its records.
+"""Sweep files (``hyla/configs/sweeps/*.yaml``): the grid of runs of one experiment and the state of its records.
 
 A sweep file names a base config, rows (each a set of overrides, e.g. one attention preset;
 ``config:`` picks another base for that row), a grid of hyperparameters and seeds::
@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from hyla.textio import read_yaml
-from hyla.train.config import CONFIG_DIR, ExperimentConfig, flat_config, load_config, parse_override_value
+from hyla.train.config import (
+    CONFIG_DIR,
+    ExperimentConfig,
+    flat_config,
+    load_config,
+    packaged_yaml,
+    parse_override_value,
+)
 
 SWEEP_DIR = CONFIG_DIR / "sweeps"
 #: the ``slurm:`` keys of a sweep file (and ``hyla sweep --slurm KEY=VALUE``): what one job asks for
@@ -51,7 +58,8 @@ SLURM_KEYS = {
     "mem_gb": "memory per job in GB",
     "gpus": "GPUs per job",
 }
-RECORD_ROOT = CONFIG_DIR.parent / "results" / "sweeps"
+#: where sweep records go and are read from by default: under the working directory, never inside the package
+RECORD_ROOT = Path("results") / "sweeps"
 
 
 @dataclass(frozen=True)
@@ -196,13 +204,8 @@ def _yaml_scalar(value: Any) -> str:
 
 
 def load_sweep(name_or_path: str) -> Sweep:
-    """A sweep file by path or by name in ``configs/sweeps/``; bad fields fail naming the field."""
-    path = Path(name_or_path)
-    if not path.is_file():
-        path = SWEEP_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
-    if not path.is_file():
-        known = sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
-        raise ValueError(f"sweep {name_or_path!r} not found; give a YAML path or one of: {', '.join(known)}")
+    """A sweep file by path or by name in the packaged ``hyla/configs/sweeps/``; bad fields fail naming the field."""
+    path = packaged_yaml(name_or_path, SWEEP_DIR, "sweep")
     spec = read_yaml(path) or {}
     allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides", "slurm"}
     if not isinstance(spec, dict) or not set(spec) <= allowed:
@@ -235,7 +238,7 @@ def load_sweep(name_or_path: str) -> Sweep:
     without_config = [r for r, overrides in rows.items() if "config" not in overrides]
     if not spec.get("config") and without_config:
         raise ValueError(
-            f"{path}: config (the base config of the runs: a name in configs/ or a YAML path) is missing, and "
+            f"{path}: config (the base config of the runs: a packaged config name or a YAML path) is missing, and "
             f"row {without_config[0]} names none of its own; add e.g. 'config: sraven'"
         )
     sweep = Sweep(
