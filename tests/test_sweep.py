@@ -719,3 +719,21 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
     newer = rounding_change(run, {**here, "kernel_march": "x86-64-v2", "kernel_source": "0123456789ab"})
     last_commit = json.loads((run / "made_by.jsonl").read_text().splitlines()[-1])["commit"]
     assert newer is not None and newer.endswith(f"train from a worktree of commit {last_commit}")
+
+
+def test_cpu_workers_get_a_row_stacked_in_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One row's four seeds stack whole, but with ``--jobs 2`` on the CPU (where a stack of R costs about R
+    lone steps) they train as two stacks of two, one per worker, so that no core idles."""
+    from hyla.train.plan import cpu_stack_cap, plan_groups
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2, 3])
+    root = str(tmp_path / "r")
+    assert main(["sweep", str(path), "--root", root, "--dry-run"]) == 0
+    assert "plan: 4 runs in one stack" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--root", root, "--dry-run", "--jobs", "2"]) == 0
+    assert "plan: 4 runs in 2 groups" in capsys.readouterr().out
+    cfgs = list(load_sweep(str(path)).configs.values())
+    assert plan_groups(cfgs, max_stack=3) == [[0, 1, 2], [3]]
+    assert [cpu_stack_cap(4, 1), cpu_stack_cap(4, 2), cpu_stack_cap(5, 2), cpu_stack_cap(1, 4)] == [None, 2, 3, 1]
+    with pytest.raises(ValueError, match="max_stack must be >= 1, got 0"):
+        plan_groups(cfgs, max_stack=0)

@@ -47,15 +47,19 @@ class Group:
 
 
 def plan_sweep(
-    specs: list[RunSpec], configs: dict[str, ExperimentConfig], states: dict[str, str], root: Path
+    specs: list[RunSpec],
+    configs: dict[str, ExperimentConfig],
+    states: dict[str, str],
+    root: Path,
+    max_stack: int | None = None,
 ) -> list[Group]:
     """``specs`` (all not done; ``states`` by name, ``configs`` by name) as the groups they train in, in
-    sweep order (:func:`hyla.train.plan.plan_groups`)."""
+    sweep order, stacks of at most ``max_stack`` runs (:func:`hyla.train.plan.plan_groups`)."""
     cfgs = [configs[s.name] for s in specs]
     resume_from = [checkpoint_step(root / s.name) if states[s.name] == "stopped" else None for s in specs]
     return [
         Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]] is not None)
-        for g in plan_groups(cfgs, resume_from)
+        for g in plan_groups(cfgs, resume_from, max_stack)
     ]
 
 

@@ -19,9 +19,14 @@ def engine_for(cfgs: list[ExperimentConfig]) -> str:
     return "lone" if len(cfgs) == 1 else "stacked"
 
 
-def plan_groups(cfgs: list[ExperimentConfig], resume_from: list[int | None] | None = None) -> list[list[int]]:
+def plan_groups(
+    cfgs: list[ExperimentConfig], resume_from: list[int | None] | None = None, max_stack: int | None = None
+) -> list[list[int]]:
     """Indices of ``cfgs`` as the groups they train in, in order of each group's first run.
-    ``resume_from[i]``: the checkpoint step run ``i`` resumes from, None for a new run (default: all new)."""
+    ``resume_from[i]``: the checkpoint step run ``i`` resumes from, None for a new run (default: all new);
+    ``max_stack``: a stack of more runs is cut into consecutive stacks of at most that many."""
+    if max_stack is not None and max_stack < 1:
+        raise ValueError(f"max_stack must be >= 1, got {max_stack}")
     from hyla.train.stacked import stack_key
 
     starts = resume_from if resume_from is not None else [None] * len(cfgs)
@@ -31,7 +36,15 @@ def plan_groups(cfgs: list[ExperimentConfig], resume_from: list[int | None] | No
     for i, (cfg, start) in enumerate(zip(cfgs, starts)):
         key = stack_key(cfg)
         groups.setdefault((start, i if key is None else key), []).append(i)
-    return list(groups.values())
+    cap = max_stack or len(cfgs) or 1
+    return [group[k : k + cap] for group in groups.values() for k in range(0, len(group), cap)]
+
+
+def cpu_stack_cap(runs: int, workers: int) -> int | None:
+    """The largest stack that leaves none of ``workers`` CPU worker processes idle among ``runs`` runs (None for
+    one worker). On a CPU a stack of R runs costs about R lone steps (the loop forward), so stacking gains
+    nothing there, while one stack of a whole row would keep a sweep's other cores idle."""
+    return None if workers <= 1 else max(1, -(-runs // workers))
 
 
 def describe_plan(groups: list[list[ExperimentConfig]]) -> str:
