@@ -70,3 +70,19 @@ def test_demo_refuses_steps_beyond_the_records_schedule(tmp_path: Path, capsys) 
     assert "--steps must be in 1..8" in capsys.readouterr().err
     assert main([*argv, "--variants", "hyla_plus"]) == 2
     assert "--variants: 'hyla_plus' is not a row of tiny_paper; rows: softmax, linear, hyla" in capsys.readouterr().err
+
+
+def test_the_package_carries_the_demos_records_and_falls_back_to_them(tmp_path: Path) -> None:
+    """An installed wheel has no ``results/``: ``hyla demo`` then starts from the package's copies, which must
+    be the committed records byte for byte (refresh: copy each run's config.yaml and metrics.jsonl over)."""
+    from hyla.demo import DEMO_VARIANTS, PACKAGED_RECORDS, paper_records
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "sweeps"
+    in_clone = paper_records("table_a1_fuzzy", committed, list(DEMO_VARIANTS))
+    packaged = paper_records("table_a1_fuzzy", tmp_path / "elsewhere", list(DEMO_VARIANTS))
+    assert sorted(p.name for p in packaged.values()) == sorted(p.name for p in in_clone.values())
+    for variant, record in packaged.items():
+        assert record.is_relative_to(PACKAGED_RECORDS) and in_clone[variant].is_relative_to(committed)
+        assert sorted(f.name for f in record.iterdir()) == ["config.yaml", "metrics.jsonl"]
+        for name in ("config.yaml", "metrics.jsonl"):
+            assert (record / name).read_bytes() == (in_clone[variant] / name).read_bytes(), f"{variant}/{name}"

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 #: what a build reads besides src/ (pyproject.toml names them)
 BUILD_FILES = ("pyproject.toml", "README.md", "LICENSE", "CITATION.cff")
@@ -92,7 +94,9 @@ def outside_env(env: Path) -> dict[str, str]:
 
 def run_in(env: Path, cwd: Path, *args: str) -> str:
     """``args`` run in ``cwd`` under :func:`outside_env`; the output, after asserting success."""
-    done = subprocess.run(list(args), cwd=cwd, env=outside_env(env), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        list(args), cwd=cwd, env=outside_env(env), capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, f"{' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -127,6 +131,9 @@ def test_the_installed_commands_run_from_another_folder(venv: Path, tmp_path: Pa
     assert Path(where).resolve().is_relative_to(venv.resolve()), f"imported {where}, not the installed hyla"
     assert loaded == "final 4 fuzzy_logic"
     assert (tmp_path / "runs" / "sraven" / "model.safetensors").is_file()
+    # the demo starts from the package's copy of its record (no results/ here)
+    run_in(venv, tmp_path, hyla, "demo", "--steps", "2", "--eval-size", "64", "--variants", "softmax", "--out", "demo")
+    assert "softmax" in (tmp_path / "demo" / "report.md").read_text()
 
 
 def test_a_users_yaml_wins_over_a_packaged_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,10 +35,14 @@ DEMO_VARIANTS = ("softmax", "linear", "hyla")
 DEMO_EVAL = "demo_eval.json"
 #: what the report compares: the metric of the task (fuzzy logic: R^2) on held-out combinations
 METRIC, SPLIT = "r2", "ood"
+#: the records of the demo's runs, shipped with the package (config and metrics, copies of the committed
+#: ``results/sweeps/table_a1_fuzzy/<run>/``), for an installed wheel run outside a clone
+PACKAGED_RECORDS = Path(__file__).resolve().parent / "demo_records"
 
 
 def paper_records(sweep_name: str, root: Path, variants: list[str]) -> dict[str, Path]:
-    """Each variant's record folder: the sweep's first run of that row at seed 0 (its first grid point)."""
+    """Each variant's record folder: the sweep's first run of that row at seed 0 (its first grid point), under
+    ``root``, else the package's copy (:data:`PACKAGED_RECORDS`)."""
     sweep = load_sweep(sweep_name)
     records = {}
     for variant in variants:
@@ -48,8 +52,12 @@ def paper_records(sweep_name: str, root: Path, variants: list[str]) -> dict[str,
         if not specs:
             raise ValueError(f"--variants: sweep {sweep.name} has no run of row {variant!r} at seed 0")
         record = root / sweep.name / specs[0].name
+        if not has_record(record):  # outside a clone: the package's copy
+            record = PACKAGED_RECORDS / sweep.name / specs[0].name
         if not has_record(record):
-            raise ValueError(f"{record}: no committed record (config.yaml, {METRICS}) to start from")
+            raise ValueError(
+                f"{root / sweep.name / specs[0].name}: no committed record (config.yaml, {METRICS}) to start from"
+            )
         records[variant] = record
     return records
 
