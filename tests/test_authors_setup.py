@@ -18,7 +18,7 @@ from hyla.attention.position import RelativePositionBias
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
 from hyla.tasks import FuzzyLogic
-from hyla.train.build import build_task, sized_config
+from hyla.train.build import build_task, build_tasks, sized_config
 from hyla.train.checkpoint import latest_checkpoint
 from hyla.train.config import load_config
 from hyla.train.loop import resume_differences
@@ -118,10 +118,13 @@ def test_split_follows_the_seed_when_split_seed_is_null(task: str) -> None:
     assert ood("seed=0") != ood("seed=1")  # the paper configs: split_seed null
     assert ood("seed=0", "data.split_seed=0") == ood("seed=1", "data.split_seed=0")
     assert ood("seed=1") == ood("seed=0", "data.split_seed=1")
-    # runs whose splits differ cannot share one stacked task
+    # runs whose splits differ stack all the same: each run keeps its own task in the stack
     tiny = tiny_overrides()
     cfgs = [load_config(task, [*tiny, "data.split_seed=null", f"seed={s}"]) for s in (0, 1)]
-    assert plan_groups(cfgs) == [[0], [1]]
+    assert plan_groups(cfgs) == [[0, 1]]
+    tasks, task_of = build_tasks(cfgs)
+    assert len(tasks) == 2 and task_of == [0, 1]
+    assert [t.task_ids["ood"].tolist() for t in tasks] == [ood("seed=0"), ood("seed=1")]
     fixed = [load_config(task, [*tiny, f"seed={s}"]) for s in (0, 1)]  # tiny: split_seed 0, no dropout
     assert plan_groups(fixed) == [[0, 1]]
 

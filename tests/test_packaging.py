@@ -131,8 +131,10 @@ def test_the_installed_commands_run_from_another_folder(venv: Path, tmp_path: Pa
     assert Path(where).resolve().is_relative_to(venv.resolve()), f"imported {where}, not the installed hyla"
     assert loaded == "final 4 fuzzy_logic"
     assert (tmp_path / "runs" / "sraven" / "model.safetensors").is_file()
-    # the demo starts from the package's copy of its record (no results/ here)
-    run_in(venv, tmp_path, hyla, "demo", "--steps", "2", "--eval-size", "64", "--variants", "softmax", "--out", "demo")
+    # the demo starts from the package's copy of its record (no results/ here); 100 steps: its first log
+    run_in(
+        venv, tmp_path, hyla, "demo", "--steps", "100", "--eval-size", "64", "--variants", "softmax", "--out", "demo"
+    )
     assert "softmax" in (tmp_path / "demo" / "report.md").read_text()
 
 
