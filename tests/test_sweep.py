@@ -721,19 +721,41 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
     assert newer is not None and newer.endswith(f"train from a worktree of commit {last_commit}")
 
 
-def test_cpu_workers_get_a_row_stacked_in_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One row's four seeds stack whole, but with ``--jobs 2`` on the CPU (where a stack of R costs about R
-    lone steps) they train as two stacks of two, one per worker, so that no core idles."""
-    from hyla.train.plan import cpu_stack_cap, plan_groups
+def test_a_cpu_sweep_trains_each_run_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One row's four seeds would stack whole, but on the CPU (where a stack of R costs about R lone steps) a
+    sweep trains them one after another, so that each run finishes and lands on its own."""
+    from hyla.train.plan import plan_groups
 
     path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2, 3])
     root = str(tmp_path / "r")
-    assert main(["sweep", str(path), "--root", root, "--dry-run"]) == 0
-    assert "plan: 4 runs in one stack" in capsys.readouterr().out
-    assert main(["sweep", str(path), "--root", root, "--dry-run", "--jobs", "2"]) == 0
-    assert "plan: 4 runs in 2 groups" in capsys.readouterr().out
+    for jobs in ("1", "2"):
+        assert main(["sweep", str(path), "--root", root, "--dry-run", "--jobs", jobs]) == 0
+        assert "plan: 4 runs in 4 groups (each run alone on the CPU)" in capsys.readouterr().out
     cfgs = list(load_sweep(str(path)).configs.values())
+    assert plan_groups(cfgs) == [[0, 1, 2, 3]]  # where a stack gains (a GPU), the row is one stack
     assert plan_groups(cfgs, max_stack=3) == [[0, 1, 2], [3]]
-    assert [cpu_stack_cap(4, 1), cpu_stack_cap(4, 2), cpu_stack_cap(5, 2), cpu_stack_cap(1, 4)] == [None, 2, 3, 1]
     with pytest.raises(ValueError, match="max_stack must be >= 1, got 0"):
         plan_groups(cfgs, max_stack=0)
+
+
+def test_the_run_nearest_its_end_trains_first(tmp_path: Path) -> None:
+    """Under a time budget the group with the fewest steps left goes first (ties in sweep order), so a run near
+    its end finishes instead of waiting behind new ones."""
+    from hyla.sweep.groups import plan_sweep
+    from hyla.train.loop import Trainer
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2])
+    sweep = load_sweep(str(path))
+    root = tmp_path / "r" / sweep.name
+    trainer = Trainer(sweep.configs["hyla-seed2"], root / "hyla-seed2", quiet=True)
+    trainer.stop_at_step = 4
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    specs = sweep.runs()
+    states = {s.name: run_state(root / s.name) for s in specs}
+    assert states == {"hyla-seed0": "new", "hyla-seed1": "new", "hyla-seed2": "stopped"}
+    groups = plan_sweep(specs, sweep.configs, states, root)
+    assert [[s.name for s in g.specs] for g in groups] == [["hyla-seed2"], ["hyla-seed0", "hyla-seed1"]]
+    assert [g.resume for g in groups] == [True, False]

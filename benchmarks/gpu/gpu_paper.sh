@@ -33,6 +33,7 @@
 #   ARCHIVE   the archive written at the end (default $OUT/gpu_paper_state.tar.gz, else ./gpu_paper_state.tar.gz)
 #   RESUME_FROM     an archive of an earlier call, unpacked over the working tree first
 #   LATENTS   problems per split for the report's latent-code analysis of finished runs (0: skip)
+#   REPORT    1 (default): results/paper.md in the archive | 0: none (minutes of CPU on the device; make it here)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PYTHONPATH=${PYTHONPATH:-src}
@@ -139,7 +140,7 @@ for sweep in "$fuzzy" "$sraven"; do
 done
 paper_out=${PAPER_OUT:-results}
 paper=()
-if "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \
+if [ "${REPORT:-1}" = 1 ] && "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \
     ${LATENTS:+--latents "$LATENTS"} >/dev/null; then
   paper=("$paper_out/paper.md" "$paper_out/paper")
 fi

@@ -15,7 +15,7 @@ from hyla.sweep.groups import plan_sweep
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
-from hyla.train.plan import cpu_stack_cap
+from hyla.train.plan import CPU_MAX_STACK
 from hyla.train.rundir import run_state
 from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_slurm, load_sweep
 
@@ -92,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
             for s in pending:
                 print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
             return 0
-        # CPU workers each take whole groups: a row stacked whole would leave the other workers idle
-        cap = cpu_stack_cap(len(pending), args.jobs) if args.device == "cpu" else None
+        cap = CPU_MAX_STACK if args.device == "cpu" else None
         groups = plan_sweep(pending, sweep.configs, states, root, max_stack=cap)
         if args.dry_run:
             dry_run(sweep.name, specs, sweep.configs, states, groups, root, args.device, args.jobs)

@@ -53,14 +53,15 @@ def plan_sweep(
     root: Path,
     max_stack: int | None = None,
 ) -> list[Group]:
-    """``specs`` (all not done; ``states`` by name, ``configs`` by name) as the groups they train in, in
-    sweep order, stacks of at most ``max_stack`` runs (:func:`hyla.train.plan.plan_groups`)."""
+    """``specs`` (all not done; ``states`` by name, ``configs`` by name) as the groups they train in, stacks of
+    at most ``max_stack`` runs (:func:`hyla.train.plan.plan_groups`), the group with the fewest steps left
+    first (ties in sweep order): under a time budget, runs near their end finish instead of waiting behind
+    new ones."""
     cfgs = [configs[s.name] for s in specs]
     resume_from = [checkpoint_step(root / s.name) if states[s.name] == "stopped" else None for s in specs]
-    return [
-        Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]] is not None)
-        for g in plan_groups(cfgs, resume_from, max_stack)
-    ]
+    groups = plan_groups(cfgs, resume_from, max_stack)
+    groups.sort(key=lambda g: cfgs[g[0]].train.steps - (resume_from[g[0]] or 0))
+    return [Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]] is not None) for g in groups]
 
 
 def provenance(device: str) -> dict[str, Any]:

@@ -40,21 +40,23 @@ def plan_groups(
     return [group[k : k + cap] for group in groups.values() for k in range(0, len(group), cap)]
 
 
-def cpu_stack_cap(runs: int, workers: int) -> int | None:
-    """The largest stack that leaves none of ``workers`` CPU worker processes idle among ``runs`` runs (None for
-    one worker). On a CPU a stack of R runs costs about R lone steps (the loop forward), so stacking gains
-    nothing there, while one stack of a whole row would keep a sweep's other cores idle."""
-    return None if workers <= 1 else max(1, -(-runs // workers))
+#: the largest stack a CPU sweep trains: 1, each run alone. On a CPU a stack of R runs costs about R lone
+#: steps (the loop forward), so stacking gains nothing there, while runs trained one after another finish (and
+#: land their records) one by one, instead of all at the end or none under a time budget.
+CPU_MAX_STACK = 1
 
 
-def describe_plan(groups: list[list[ExperimentConfig]]) -> str:
-    """The planner's line on groups of :func:`plan_groups`: how many, and why the runs are not one stack."""
+def describe_plan(groups: list[list[ExperimentConfig]], cap: int | None = None) -> str:
+    """The planner's line on groups of :func:`plan_groups` (stacks of at most ``cap`` runs): how many, and why
+    the runs are not one stack."""
     from hyla.train.stacked import not_stackable_reason, stack_differences
 
     runs = [cfg for group in groups for cfg in group]
     if len(groups) == 1:
         return f"{len(runs)} runs in one stack" if len(runs) > 1 else "1 run"
     reasons = sorted({reason for cfg in runs if (reason := not_stackable_reason(cfg))})
+    if cap is not None and any(len(g) == cap for g in groups):
+        reasons.append("each run alone on the CPU" if cap == CPU_MAX_STACK else f"stacks of at most {cap}")
     if differ := stack_differences(runs):
         reasons.append(f"they differ in {', '.join(differ)}")
     why = "; ".join(reasons) or "their checkpoints are at different steps"  # the one other cause
