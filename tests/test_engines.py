@@ -13,7 +13,7 @@ from hyla.train.build import build_model, build_task, build_tasks, sized_config
 from hyla.train.config import DataConfig, load_config, task_options
 from hyla.train.engine import StepSums
 from hyla.train.loop import Trainer
-from hyla.train.optim import StackedAdamW, build_optimizer, decayed_parameter_names, lr_at
+from hyla.train.optim import StackedAdamW, build_optimizer, decayed_parameter_names, load_optimizer_state, lr_at
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=1, steps=4, every=2, log_every=2, warmup_steps=1)
@@ -53,6 +53,34 @@ def test_engine_choice_and_its_errors(tmp_path: Path) -> None:
     one = Trainer(cfgs[:1], [tmp_path / "e"], quiet=True)
     assert type(one.engine).__name__ == "LoneEngine"
     one.close()
+
+
+def test_a_checkpoint_resumes_in_the_step_mode_of_the_optimizer_it_is_loaded_into() -> None:
+    """A CPU run's AdamW state (not capturable) resumed by a CUDA run with ``train.graph_step`` (capturable
+    AdamW) must stay capturable, or the graph capture of the step fails (seen on an H100, 2026-11-27); the
+    run's own options (weight decay, betas) and moments come from the checkpoint."""
+    torch.manual_seed(0)
+    saved_model = torch.nn.Linear(5, 3)
+    saved = torch.optim.AdamW(saved_model.parameters(), lr=1e-3, weight_decay=0.3, betas=(0.8, 0.9))
+    saved_model(torch.randn(7, 5)).square().sum().backward()
+    saved.step()
+    model = torch.nn.Linear(5, 3)
+    for plain, capturable in ((False, True), (True, False)):
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.1, capturable=capturable)
+        if plain:  # why the helper exists: torch's own load takes the checkpoint's step mode
+            opt.load_state_dict(saved.state_dict())
+            assert opt.param_groups[0]["capturable"] is False
+            opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.1, capturable=capturable)
+        load_optimizer_state(opt, saved.state_dict())
+        group = opt.param_groups[0]
+        assert group["capturable"] is capturable
+        assert (group["weight_decay"], group["betas"]) == (0.3, (0.8, 0.9))
+        for p_saved, p in zip(saved_model.parameters(), model.parameters()):
+            torch.testing.assert_close(opt.state[p]["exp_avg"], saved.state[p_saved]["exp_avg"], rtol=0, atol=0)
+            torch.testing.assert_close(opt.state[p]["exp_avg_sq"], saved.state[p_saved]["exp_avg_sq"], rtol=0, atol=0)
+    two_groups = build_optimizer(model, load_config("fuzzy_logic", TINY), torch.device("cpu"))
+    with pytest.raises(ValueError, match="parameter groups"):
+        load_optimizer_state(two_groups, saved.state_dict())
 
 
 @pytest.mark.float_sensitive

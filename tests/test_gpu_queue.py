@@ -53,6 +53,8 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
         "train.warmup_steps=1000",
         "--where",
         "seed=0,1,2",
+        "--override",
+        "train.eval_every=2500",
     ]
     assert queue.DEFAULT_STAGES == ("smoke", "throughput", "sraven-selected", "authors", "fuzzy", "sraven-rest")
     with pytest.raises(ValueError, match="unknown stage '2-sraven'; allowed: smoke, throughput, sraven-selected"):
@@ -80,7 +82,9 @@ def test_plan_lists_the_stacks_that_fit_the_call_and_sums_the_rest(tmp_path: Pat
     (started / "made_by.jsonl").write_text(
         json.dumps({"from_step": 0, "machine": "cpu-box", "date": "d", "ended": None}) + "\n"
     )
-    lines = queue.plan(["throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates)
+    lone = queue.plan(["sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates)  # the default: each run alone
+    assert lone[3].startswith("  stack of 1 (softmax, from step 0): 17.1 min at 567 steps/s"), lone
+    lines = queue.plan(["throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates, max_stack=6)
     assert lines[0].startswith("plan of the next call: 20 min, stages throughput sraven-rest (no stack measured")
     assert lines[1].startswith("== throughput: 4.0 min") and lines[1].endswith("; fits")
     assert lines[2] == "== sraven-rest: tiny_sraven, 12 of 12 runs to train"
@@ -100,7 +104,7 @@ def test_plan_lists_the_stacks_that_fit_the_call_and_sums_the_rest(tmp_path: Pat
     # with measured rates: smoke and throughput are done, and a stack of 6 runs at its measured rate
     # (500 s of steps + 144 s of evaluations = 10.7 min)
     rates.write_text(json.dumps({"device": "H100", "tasks": {"sraven": {"6": 1134.0}}}))
-    lines = queue.plan(["smoke", "throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates)
+    lines = queue.plan(["smoke", "throughput", "sraven-rest"], 20.0, root, {"sraven": str(sraven)}, rates, 6)
     assert lines[1:3] == ["== smoke: measured already", "== throughput: measured already"]
     stacks = [line for line in lines if line.startswith("  stack of")]
     assert stacks == [
@@ -119,6 +123,7 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
         "SRAVEN": str(sraven),
         "ROOT": "records",
         "MINUTES": "9",
+        "MAX_STACK": "3",
     }
     script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
     done = subprocess.run(

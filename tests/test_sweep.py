@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -116,22 +117,23 @@ def test_stopped_and_continued_sweep_writes_the_records_of_an_uninterrupted_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = two_rows_two_seeds(tmp_path)
+    stacks = ["--max-stack", "2"]  # each row's two seeds as one stack, stopped and continued together
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    assert main(["sweep", str(path), "--root", str(whole)]) == 0
+    assert main(["sweep", str(path), "--root", str(whole), *stacks]) == 0
     assert "4 runs finished now, 0 left" in capsys.readouterr().out
 
     # a fake clock, one second per reading: --max-minutes 0.1 leaves 6 - 0.6 (margin: a tenth) = 5.4 s, i.e.
     # the first run stops a few steps in, with a checkpoint
     clock = itertools.count()
     monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
-    assert main(["sweep", str(path), "--root", str(parts), "--max-minutes", "0.1"]) == 0
+    assert main(["sweep", str(path), "--root", str(parts), "--max-minutes", "0.1", *stacks]) == 0
     out = capsys.readouterr().out
     assert "time budget reached" in out and "0 runs finished now, 4 left" in out
     states = {run.name: run_state(parts / "tiny" / run.name) for run in load_sweep(str(path)).runs()}
     assert sorted(states.values()) == ["new", "new", "stopped", "stopped"]  # the first stack, seeds 0 and 1
     monkeypatch.undo()
 
-    assert main(["sweep", str(path), "--root", str(parts)]) == 0
+    assert main(["sweep", str(path), "--root", str(parts), *stacks]) == 0
     assert "4 runs finished now, 0 left" in capsys.readouterr().out
     assert records(parts / "tiny") == records(whole / "tiny")
     made = [json.loads(line) for line in (parts / "tiny" / "softmax-lr0.001-seed0" / "made_by.jsonl").open()]
@@ -208,7 +210,7 @@ def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
         seeds=[0],
         extra={"model.attention_dropout": "0.0", "data.split_seed": "0"},
     )
-    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r"), "--max-stack", "2"]) == 0
     assert "2 runs finished now" in capsys.readouterr().out
     made = json.loads((tmp_path / "r" / "tiny" / "hyla-lr0.003-seed0" / "made_by.jsonl").read_text())
     assert made["stacked_with"] == 2
@@ -223,7 +225,7 @@ def test_hyla_train_seeds_and_hyla_sweep_train_the_same_groups_with_the_same_eng
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: list[int]
 ) -> None:
     """One planner (:mod:`hyla.train.plan`): a lone run trains lone under both commands, two stackable seeds
-    as one stack."""
+    as one stack (a sweep told ``--max-stack 2``)."""
     from hyla.train import loop
 
     built: list[tuple[str, int]] = []  # (engine, runs) of each Trainer
@@ -236,7 +238,7 @@ def test_hyla_train_seeds_and_hyla_sweep_train_the_same_groups_with_the_same_eng
     monkeypatch.setattr(loop, "make_engine", spy)
     stackable = {"model.attention_dropout": "0.0", "data.split_seed": "0"}
     path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=seeds, extra=stackable)
-    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r"), "--max-stack", "2"]) == 0
     by_sweep, built[:] = list(built), []
     overrides = [*TINY_SWEEP_OVERRIDES, *(f"{k}={v}" for k, v in stackable.items()), "model.attention=hyla"]
     seeds_arg = ",".join(map(str, seeds))
@@ -396,7 +398,7 @@ def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "tiny: 2 runs, 0 done, 2 to train (cpu)" in out
     assert "softmax-seed0: new at step 0, about" in out and "hyla-seed0: new at step 0, about" in out
-    assert "plan: 2 runs in 2 groups (they differ in model.attention)" in out
+    assert "plan: 2 runs in 2 groups (each run alone: --max-stack 1; they differ in model.attention)" in out
     assert not root.exists()
 
     assert main(["sweep", str(path), "--root", str(root), "--emit-commands"]) == 0
@@ -429,9 +431,10 @@ def test_submitit_local_launcher_trains_one_job_per_stack_group(
     # two rows x two seeds, the split following the seed: each row's two seeds stack
     path = two_rows_two_seeds(tmp_path)
     root = tmp_path / "r"
-    assert main(["sweep", str(path), "--root", str(root), "--launcher", "submitit-local"]) == 0
+    stacks = ["--max-stack", "2"]
+    assert main(["sweep", str(path), "--root", str(root), "--launcher", "submitit-local", *stacks]) == 0
     assert "submitted 2 jobs for 4 runs (submitit-local; runs per job: 2, 2)" in capsys.readouterr().out
-    assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
+    assert main(["sweep", str(path), "--root", str(tmp_path / "ref"), *stacks]) == 0
     assert records(root / "tiny") == records(tmp_path / "ref" / "tiny")
 
 
@@ -545,7 +548,10 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
         return done
 
     def archived(where: str) -> set[str]:
-        with tarfile.open(tmp_path / f"{where}.tar.gz") as tar:
+        whole = tmp_path / f"{where}.tar.gz"
+        parts = sorted(tmp_path.glob(f"{where}.tar.gz.part-*"))
+        data = whole.read_bytes() if whole.exists() else b"".join(part.read_bytes() for part in parts)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             return set(tar.getnames())
 
     # 6 s: under the 20 s the script wants before a stage, however little of it has passed
@@ -570,7 +576,9 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
     assert words[:2] == ["hyla", "train"]
     stop = [sys.executable, "-m", "hyla", *words[1:], "--stop-at-step", "4"]
     subprocess.run(stop, env=env, cwd=tmp_path / "a", check=True, capture_output=True)
-    call("a", "0.1")
+    # an archive over PART_MIB comes back in parts (a device call returns files of at most 16 MiB)
+    call("a", "0.1", PART_MIB="0.002")
+    assert not (tmp_path / "a.tar.gz").exists() and len(list(tmp_path.glob("a.tar.gz.part-*"))) > 1
     stopped = words[words.index("--out") + 1]
     assert {f"{stopped}/metrics.jsonl", f"{stopped}/checkpoints/latest"} <= archived("a")
     assert any(n.startswith(f"{stopped}/checkpoints/step-000000004/") for n in archived("a"))
@@ -602,11 +610,12 @@ def test_parallel_jobs_write_the_records_of_one_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = two_rows_two_seeds(tmp_path)
+    stacks = ["--max-stack", "2"]  # each row's seeds one stack: one worker a stack
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # one thread per worker
     with torch_threads(1):  # the one-job run in this process: the same arithmetic
-        assert main(["sweep", str(path), "--root", str(tmp_path / "one")]) == 0
+        assert main(["sweep", str(path), "--root", str(tmp_path / "one"), *stacks]) == 0
     capsys.readouterr()
-    assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    assert main(["sweep", str(path), "--root", str(tmp_path / "two"), "--jobs", "2", *stacks]) == 0
     out = capsys.readouterr().out
     assert "2 groups over 2 workers (1 threads each)" in out and "4 runs finished now, 0 left" in out
     finished = [line.removeprefix("finished: ") for line in out.splitlines() if line.startswith("finished")]
@@ -721,18 +730,22 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
     assert newer is not None and newer.endswith(f"train from a worktree of commit {last_commit}")
 
 
-def test_a_cpu_sweep_trains_each_run_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One row's four seeds would stack whole, but on the CPU (where a stack of R costs about R lone steps) a
-    sweep trains them one after another, so that each run finishes and lands on its own."""
+def test_a_sweep_trains_each_run_alone_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One row's four seeds could stack, but a sweep trains them one after another (a stack trained slower per
+    run on a CPU and on an H100), so that each run finishes and lands on its own; ``--max-stack`` stacks."""
     from hyla.train.plan import plan_groups
 
     path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2, 3])
     root = str(tmp_path / "r")
     for jobs in ("1", "2"):
         assert main(["sweep", str(path), "--root", root, "--dry-run", "--jobs", jobs]) == 0
-        assert "plan: 4 runs in 4 groups (each run alone on the CPU)" in capsys.readouterr().out
+        assert "plan: 4 runs in 4 groups (each run alone: --max-stack 1)" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--root", root, "--dry-run", "--max-stack", "3"]) == 0
+    assert "plan: 4 runs in 2 groups (stacks of at most 3: --max-stack)" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--root", root, "--dry-run", "--max-stack", "0"]) == 2
+    assert "--max-stack must be >= 1 (1: each run alone), got 0" in capsys.readouterr().err
     cfgs = list(load_sweep(str(path)).configs.values())
-    assert plan_groups(cfgs) == [[0, 1, 2, 3]]  # where a stack gains (a GPU), the row is one stack
+    assert plan_groups(cfgs) == [[0, 1, 2, 3]]  # uncapped, the row is one stack
     assert plan_groups(cfgs, max_stack=3) == [[0, 1, 2], [3]]
     with pytest.raises(ValueError, match="max_stack must be >= 1, got 0"):
         plan_groups(cfgs, max_stack=0)

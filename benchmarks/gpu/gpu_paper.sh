@@ -31,8 +31,11 @@
 #   COMPILE_CACHE   the compile cache, carried between calls (default .gpu_state/compile_cache; empty: none)
 #   AUTHORS_MINUTES the authors stage's minutes (default 3)
 #   ARCHIVE   the archive written at the end (default $OUT/gpu_paper_state.tar.gz, else ./gpu_paper_state.tar.gz)
-#   RESUME_FROM     an archive of an earlier call, unpacked over the working tree first
+#   RESUME_FROM     an archive of an earlier call (or the name of its .part-NN files), unpacked over the tree first
+#   PART_MIB  an archive over this many MiB is split into ARCHIVE.part-000, -001, ... (default 15; archive.sh)
 #   LATENTS   problems per split for the report's latent-code analysis of finished runs (0: skip)
+#   MAX_STACK runs a stack holds (default 1: each run alone; a stack of 3 SRAVEN runs on an H100 trained 372
+#             run-steps/s, one run alone 567: results/gpu_queue/2026-11-27)
 #   REPORT    1 (default): results/paper.md in the archive | 0: none (minutes of CPU on the device; make it here)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,10 +48,11 @@ sraven=${SRAVEN:-table_a1_sraven}
 minutes=${MINUTES:-9}
 budget_s=$(awk "BEGIN { print int($minutes * 60) }")
 archive=${ARCHIVE:-${OUT:-.}/gpu_paper_state.tar.gz}
+. "$here/archive.sh"
 stages=${STAGES:-smoke throughput sraven-selected authors fuzzy sraven-rest}
 plan() {
   "$py" -m hyla.sweep.queue plan --minutes "$minutes" --stages "$stages" --root "$root" --fuzzy "$fuzzy" \
-    --sraven "$sraven"
+    --sraven "$sraven" --max-stack "${MAX_STACK:-1}"
 }
 case "${1:-}" in
   --plan) plan; exit $? ;;
@@ -59,10 +63,7 @@ if [ "${PLAN:-0}" = 1 ]; then plan; exit $?; fi
 for name in $stages; do  # every name checked before anything trains
   "$py" -m hyla.sweep.queue args "$name" >/dev/null || exit 2  # its error names the stage and the allowed ones
 done
-if [ -n "${RESUME_FROM:-}" ]; then
-  tar -xzf "$RESUME_FROM"
-  echo "continued from $RESUME_FROM"
-fi
+if [ -n "${RESUME_FROM:-}" ]; then unpack_archive "$RESUME_FROM"; fi
 # one compilation per architecture a call; a later call reads it back from the carried cache
 cache=${COMPILE_CACHE-.gpu_state/compile_cache}
 if [ -n "$cache" ]; then
@@ -72,6 +73,9 @@ fi
 # train.fast on every device: on a CPU (the test) torch.compile stands in for the CUDA graph, so the test
 # runs what a GPU call runs (dropout included)
 overrides=(--override train.fast=true)
+# and on CUDA the whole step as one graph: one SRAVEN run trained 567 steps/s on an H100 with it, 33 without
+# (results/gpu_queue/2026-11-27); a CPU refuses it
+if [ "$device" = cuda ]; then overrides+=(--override train.graph_step=true); fi
 for o in ${EXTRA:-}; do overrides+=(--override "$o"); done
 start=$(date +%s)
 left_s() { echo $(( budget_s - ($(date +%s) - start) )); }
@@ -80,8 +84,15 @@ sweep_stage() {  # sweep_stage NAME: the stage's sweep, rows and filters from th
   local name=$1 args file
   mapfile -t args < <("$py" -m hyla.sweep.queue args "$name")
   case ${args[0]} in fuzzy) file=$fuzzy ;; sraven) file=$sraven ;; esac
-  "$py" -m hyla sweep "$file" "${args[@]:1}" --device "$device" --root "$root" \
-    --max-minutes "$(awk "BEGIN { print $(left_s) / 60 }")" "${overrides[@]}"
+  sweep() {
+    "$py" -m hyla sweep "$file" "${args[@]:1}" --device "$device" --root "$root" \
+      --max-minutes "$(awk "BEGIN { print $(left_s) / 60 }")" --max-stack "${MAX_STACK:-1}" "${overrides[@]}" "$@"
+  }
+  if sweep; then return 0; fi
+  # a step that cannot be captured must not cost the call: the stage goes on without the whole-step graph
+  case " ${overrides[*]} " in *" train.graph_step=true "*) ;; *) return 1 ;; esac
+  echo "stage $name failed with train.graph_step=true (above): again without it"
+  sweep --override train.graph_step=false
 }
 
 smoke() {  # a stack of each task at the paper's sizes for a few hundred steps: does the stacked step run here?
@@ -157,9 +168,7 @@ for name in "${names[@]}"; do
   done
 done
 for f in "${paper[@]}"; do [ -e "$f" ] && find "$f" -type f >> "$list"; done
-mkdir -p "$(dirname "$archive")"
-tar -czf "$archive" -T "$list"
-echo "archive: $archive ($(wc -l < "$list") files); a later call continues with RESUME_FROM=$archive"
+pack_archive "$archive" "$list"
 rm -f "$list"
 if [ -n "$cache" ] && [ -n "$(ls -A "$cache" 2>/dev/null)" ]; then
   tar -czf "${archive%.tar.gz}_compile_cache.tar.gz" "$cache"

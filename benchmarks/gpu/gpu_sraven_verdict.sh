@@ -141,7 +141,7 @@ device=${DEVICE:-cuda}
 budget_s=$(awk "BEGIN { print int(${MINUTES:-9} * 60) }")
 reserve_s=${RESERVE_S:-60}
 archive=${ARCHIVE:-${OUT:-.}/gpu_sraven_verdict.tar.gz}
-part_bytes=$(awk "BEGIN { print int(${PART_MIB:-15} * 1048576) }")
+. "$here/archive.sh"
 jax_cache=${JAX_CACHE-$verdict/jax_cache}
 if [ "${#seeds[@]}" -gt 0 ] && [ ! -f "$code/run.py" ]; then
   echo "no authors' code at $code: run \`benchmarks/gpu/gpu_sraven_verdict.sh prepare\` here and carry .authors" >&2
@@ -152,17 +152,7 @@ end_s=$(( start + budget_s - reserve_s ))
 # what this call writes or unpacks is newer than this file; the archive holds only that
 marker=$(mktemp)
 sleep 1
-if [ -n "${RESUME_FROM:-}" ]; then
-  if [ -f "$RESUME_FROM" ]; then
-    tar -xzmf "$RESUME_FROM"
-  elif compgen -G "$RESUME_FROM.part-*" >/dev/null; then
-    cat "$RESUME_FROM".part-* | tar -xzmf -
-  else
-    echo "RESUME_FROM=$RESUME_FROM: no such archive, nor parts of one" >&2
-    exit 2
-  fi
-  echo "continued from $RESUME_FROM"
-fi
+if [ -n "${RESUME_FROM:-}" ]; then unpack_archive "$RESUME_FROM"; fi
 mkdir -p "$verdict"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 status=0  # 1 once a part failed: the call still goes on, packs what it has and then exits 1
@@ -345,9 +335,10 @@ if [ "${STAGES:-}" = none ]; then
   : > "$ours_log"
 else
 echo "== ours: benchmarks/gpu/gpu_paper.sh, STAGES=${STAGES:-sraven-hyla}, $ours_s s"
+# ours is read whole into this call's archive (PART_MIB: never in parts)
 MINUTES=$(awk "BEGIN { print $ours_s / 60 }") STAGES=${STAGES:-sraven-hyla} ARCHIVE="$ours_archive" \
   LATENTS=${LATENTS:-0} PAPER_OUT=${PAPER_OUT:-$verdict/paper} DEVICE="$device" PYTHON="$py" RESUME_FROM='' \
-  bash "$here/gpu_paper.sh" > "$ours_log" 2>&1 || rc=$?
+  PART_MIB=1048576 bash "$here/gpu_paper.sh" > "$ours_log" 2>&1 || rc=$?
 fi
 grep -v '^  left: ' "$ours_log" || true
 sraven_name=$("$py" -c "import sys; from hyla.train.sweepfile import load_sweep; print(load_sweep(sys.argv[1]).name)" \
@@ -366,20 +357,8 @@ list=$(mktemp)
   [ -n "$jax_cache" ] && [ -d "$jax_cache" ] && find "$jax_cache" -type f
   find "$verdict" -maxdepth 1 -type f -name '*.log'
 } | sort -u | while read -r f; do if [ -f "$f" ] && [ "$f" -nt "$marker" ]; then echo "$f"; fi; done > "$list" || true
-mkdir -p "$(dirname "$archive")"
-rm -f "$archive" "$archive".part-*
-tar -czf "$archive" -T "$list"
-bytes=$(stat -c %s "$archive")
-files=$(wc -l < "$list")
-if [ "$bytes" -gt "$part_bytes" ]; then
-  split -b "$part_bytes" -d -a 3 "$archive" "$archive.part-"
-  rm "$archive"
-  echo "archive: $archive.part-* ($files files, $bytes bytes in $(compgen -G "$archive.part-*" | wc -l) parts)"
-else
-  echo "archive: $archive ($files files, $bytes bytes)"
-fi
+pack_archive "$archive" "$list"
 echo "  of which their resume.pkl: $(grep '/resume.pkl$' "$list" | xargs -r stat -c %s | awk '{ s += $1 } END { print s + 0 }') bytes"
-echo "  a later call continues with RESUME_FROM=$archive (the file, or its parts side by side)"
 rm -f "$list" "$marker" "$ours_archive"
 
 # ---- what is left --------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from hyla.runtime import c_compiler, cache_dir, cpuinfo_field
+from hyla.runtime import c_compiler, c_compiler_version, cache_dir, cpuinfo_field
 
 #: the environment variable that turns the override on or off
 SETTING_ENV = "HYLA_FAST_BLAS"
@@ -95,10 +95,6 @@ def wanted() -> bool:
     return mode == "on" or (mode == "auto" and is_amd_cpu())
 
 
-def _compiler_version(compiler: str) -> str:
-    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-
-
 def build_library() -> Path:
     """The override library, built on first use into ``cache_dir("blas")`` (atomically: processes starting
     together never load a half-written file); a RuntimeError saying why if it cannot be built."""
@@ -107,7 +103,7 @@ def build_library() -> Path:
     compiler = c_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set HYLA_CC)")
-    key = hashlib.sha256((SOURCE + _compiler_version(compiler)).encode()).hexdigest()[:16]
+    key = hashlib.sha256((SOURCE + c_compiler_version(compiler)).encode()).hexdigest()[:16]
     target = cache_dir("blas") / f"{LIBRARY_PREFIX}{key}.so"
     if target.exists():
         return target
@@ -124,26 +120,27 @@ def build_library() -> Path:
     return target
 
 
-def unavailable_reason() -> str | None:
-    """None where the override can be applied to a new process here, else why not (one line)."""
+def override_library() -> tuple[Path | None, str | None]:
+    """(the built override library, None) where it can be applied to a new process here, else (None, why not
+    in one line)."""
     if not sys.platform.startswith("linux"):
-        return f"LD_PRELOAD is a Linux mechanism (this is {sys.platform})"
+        return None, f"LD_PRELOAD is a Linux mechanism (this is {sys.platform})"
     blas = torch_blas()
     if blas != "mkl":
-        return f"torch's BLAS is {blas}, not MKL"
+        return None, f"torch's BLAS is {blas}, not MKL"
     try:
-        build_library()
+        return build_library(), None
     except (OSError, RuntimeError) as err:
-        return f"the override library could not be built: {err}"
-    return None
+        return None, f"the override library could not be built: {err}"
 
 
-def preload_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (default ``os.environ``) with the override library first in ``LD_PRELOAD``."""
+def preload_environment(environ: dict[str, str] | None = None, library: Path | None = None) -> dict[str, str]:
+    """``environ`` (default ``os.environ``) with the override ``library`` (default: built or found in the
+    cache) first in ``LD_PRELOAD``."""
     env = dict(os.environ if environ is None else environ)
-    library = str(build_library())
-    others = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != library]
-    env["LD_PRELOAD"] = ":".join([library, *others])
+    path = str(library or build_library())
+    others = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != path]
+    env["LD_PRELOAD"] = ":".join([path, *others])
     return env
 
 
@@ -160,15 +157,15 @@ def reexec_with_override(args: list[str]) -> None:
             stacklevel=2,
         )
         return
-    reason = unavailable_reason()
-    if reason is not None:
+    library, reason = override_library()
+    if library is None:
         warnings.warn(
             f"{SETTING_ENV}: MKL runs as installed ({reason}); {SETTING_ENV}=off silences this",
             FastBlasWarning,
             stacklevel=2,
         )
         return
-    env = preload_environment()
+    env = preload_environment(library=library)
     env[TRIED_ENV] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
@@ -178,8 +175,8 @@ def reexec_with_override(args: list[str]) -> None:
 def main() -> int:
     """``python -m hyla.cpu``: print ``LD_PRELOAD=PATH``, to prepend to a command (nothing where MKL is not
     torch's BLAS, with the reason on stderr)."""
-    reason = unavailable_reason()
-    if reason is not None:
+    library, reason = override_library()
+    if library is None:
         print(f"hyla.cpu: nothing to preload: {reason}", file=sys.stderr)
         return 1
     print(f"LD_PRELOAD={preload_environment()['LD_PRELOAD']}")

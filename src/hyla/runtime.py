@@ -8,6 +8,7 @@ import ctypes.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def c_compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
+
+
+def c_compiler_version(compiler: str) -> str:
+    """``compiler --version``'s output: part of the cache key of what hyla builds with it ("" if it says
+    nothing)."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
 
 
 def cache_dir(kind: str) -> Path:

@@ -127,6 +127,7 @@ def fingerprint() -> dict[str, object]:
 
     from hyla.attention.kernels.c import wrapper
     from hyla.cpu import blas_path
+    from hyla.runtime import c_compiler_version
 
     try:
         wrapper.load_library()
@@ -134,7 +135,7 @@ def fingerprint() -> dict[str, object]:
     except Exception as err:
         kernel = f"unavailable: {err}"
     compiler = wrapper._compiler()
-    cc = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout if compiler else ""
+    cc = c_compiler_version(compiler) if compiler else ""
     return {
         "cpu": cpu_fingerprint(),
         "torch": torch.__version__,

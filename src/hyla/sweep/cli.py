@@ -15,7 +15,7 @@ from hyla.sweep.groups import plan_sweep
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
-from hyla.train.plan import CPU_MAX_STACK
+from hyla.train.plan import SWEEP_MAX_STACK
 from hyla.train.rundir import run_state
 from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_slurm, load_sweep
 
@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
             for s in pending:
                 print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
             return 0
-        cap = CPU_MAX_STACK if args.device == "cpu" else None
-        groups = plan_sweep(pending, sweep.configs, states, root, max_stack=cap)
+        if args.max_stack < 1:
+            raise ValueError(f"--max-stack must be >= 1 (1: each run alone), got {args.max_stack}")
+        groups = plan_sweep(pending, sweep.configs, states, root, max_stack=args.max_stack)
         if args.dry_run:
-            dry_run(sweep.name, specs, sweep.configs, states, groups, root, args.device, args.jobs)
+            dry_run(sweep.name, specs, sweep.configs, states, groups, root, args.device, args.jobs, args.max_stack)
             return 0
     except (ValueError, CheckpointError) as err:
         print(f"hyla sweep: error: {err}", file=sys.stderr)
@@ -141,6 +142,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-minutes", type=float, metavar="M", help="stop with checkpoints before M minutes pass")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    p.add_argument(
+        "--max-stack",
+        type=int,
+        default=SWEEP_MAX_STACK,
+        metavar="R",
+        help=f"train up to R stackable runs as one stack in one process (default {SWEEP_MAX_STACK}: each run alone, "
+        "which trained fastest on a CPU and on an H100)",
+    )
     p.add_argument(
         "--jobs",
         type=int,

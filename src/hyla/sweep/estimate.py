@@ -13,7 +13,7 @@ from pathlib import Path
 from hyla.sweep.groups import Group
 from hyla.sweep.workers import worker_threads
 from hyla.train.config import ExperimentConfig
-from hyla.train.plan import CPU_MAX_STACK, describe_plan
+from hyla.train.plan import describe_plan
 from hyla.train.rundir import last_step
 from hyla.train.sweepfile import RunSpec
 
@@ -87,6 +87,7 @@ def dry_run(
     root: Path,
     device: str,
     jobs: int,
+    max_stack: int | None = None,
 ) -> None:
     """Print each run's state and estimated minutes left, then the total and, with ``jobs`` > 1, the wall
     time of ``--jobs`` over ``groups`` (each probe measured with a worker's threads, alone on the machine)."""
@@ -104,8 +105,7 @@ def dry_run(
         seconds[s.name] = estimate_seconds(configs[s.name], device, cache, step, threads)
         print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds[s.name] / 60:.1f} min")
     if groups:
-        cap = CPU_MAX_STACK if device == "cpu" else None
-        print(f"plan: {describe_plan([list(g.cfgs) for g in groups], cap)}")
+        print(f"plan: {describe_plan([list(g.cfgs) for g in groups], max_stack)}")
     total = sum(seconds.values())
     print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
     if jobs > 1 and pending:

@@ -10,7 +10,7 @@ logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the older drive
 ``sraven-main``. The stacks are the one planner's (:func:`hyla.sweep.groups.plan_sweep`); the minutes are
 :func:`hyla.sweep.estimate.seconds_left` at the measured rates.
 
-    python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE]
+    python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE] [--max-stack R]
     python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
 """
 
@@ -27,6 +27,7 @@ from hyla.sweep.estimate import seconds_left
 from hyla.sweep.groups import plan_sweep
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import ExperimentConfig
+from hyla.train.plan import SWEEP_MAX_STACK
 from hyla.train.rundir import read_pieces, run_state
 from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
@@ -36,8 +37,8 @@ SELECTED = ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=100
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the queue: a sweep (``sweep`` "fuzzy" or "sraven", ``only`` rows, ``where`` filters) or a
-    fixed-budget job (``minutes``) that the script runs itself."""
+    """One stage of the queue: a sweep (``sweep`` "fuzzy" or "sraven", ``only`` rows, ``where`` filters, more
+    ``overrides``) or a fixed-budget job (``minutes``) that the script runs itself."""
 
     name: str
     sweep: str | None = None
@@ -45,6 +46,7 @@ class Stage:
     where: tuple[str, ...] = ()
     minutes: float = 0.0
     what: str = ""
+    overrides: tuple[str, ...] = ()
 
 
 STAGES = (
@@ -54,7 +56,8 @@ STAGES = (
         what="a stack of 3 seeds a task, 300 steps at the paper sizes: the first time stacks run on a GPU",
     ),
     Stage("throughput", minutes=4.0, what="steps/s vs stack size 1,4,12,24, peak memory, authors' updates/s"),
-    Stage("sraven-selected", "sraven", ("hyla", "softmax"), SELECTED),
+    # issue #48: evaluations every 2,500 updates, so that when a run leaves its plateau is visible
+    Stage("sraven-selected", "sraven", ("hyla", "softmax"), SELECTED, overrides=("train.eval_every=2500",)),
     Stage("authors", minutes=0.0, what="the authors' HYLA seeds 0-2 and softmax seed 0 at the selected point"),
     Stage("fuzzy", "fuzzy"),
     Stage("sraven-rest", "sraven"),
@@ -79,10 +82,12 @@ def stage_named(name: str) -> Stage:
 
 
 def sweep_arguments(stage: Stage) -> list[str]:
-    """The stage's ``--only`` and ``--where`` arguments of ``hyla sweep`` (after its sweep file)."""
+    """The stage's ``--only``, ``--where`` and ``--override`` arguments of ``hyla sweep`` (after its sweep file)."""
     out = ["--only", ",".join(stage.only)] if stage.only else []
     for item in stage.where:
         out += ["--where", item]
+    for item in stage.overrides:
+        out += ["--override", item]
     return out
 
 
@@ -132,7 +137,14 @@ def unfinished_pieces(run_dir: Path) -> str | None:
     return None
 
 
-def plan(stages: list[str], minutes: float, root: Path, sweeps: dict[str, str], rates_path: Path) -> list[str]:
+def plan(
+    stages: list[str],
+    minutes: float,
+    root: Path,
+    sweeps: dict[str, str],
+    rates_path: Path,
+    max_stack: int = SWEEP_MAX_STACK,
+) -> list[str]:
     """The lines of the next call's plan: per stage its stacks (runs, steps left, projected minutes) and
     whether they fit the ``minutes`` of the call, in the order they would train."""
     rates = read_rates(rates_path)
@@ -165,7 +177,7 @@ def plan(stages: list[str], minutes: float, root: Path, sweeps: dict[str, str], 
         for warning in filter(None, (unfinished_pieces(sweep_root / s.name) for s in pending)):
             lines.append(warning)
         later = [0, 0, 0.0]  # stacks, runs and minutes after this call: one line for them all
-        for group in plan_sweep(pending, sweep.configs, states, sweep_root):
+        for group in plan_sweep(pending, sweep.configs, states, sweep_root, max_stack=max_stack):
             step = checkpoint_step(sweep_root / group.names[0]) if group.resume else 0
             seconds = stack_seconds(list(group.cfgs), step or 0, rates)
             left = max(minutes - used, 0.0)
@@ -196,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--fuzzy", default="table_a1_fuzzy", help="the fuzzy-logic sweep file")
     pl.add_argument("--sraven", default="table_a1_sraven", help="the SRAVEN sweep file")
     pl.add_argument("--rates", default=str(RATES_FILE), help=f"measured GPU rates (default {RATES_FILE})")
+    pl.add_argument("--max-stack", type=int, default=SWEEP_MAX_STACK, help="as hyla sweep's --max-stack")
     ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
     ar.add_argument("stage")
     args = p.parse_args(argv)
@@ -210,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in stages:
             stage_named(name)
         sweeps = {"fuzzy": args.fuzzy, "sraven": args.sraven}
-        print("\n".join(plan(stages, args.minutes, Path(args.root), sweeps, Path(args.rates))))
+        print("\n".join(plan(stages, args.minutes, Path(args.root), sweeps, Path(args.rates), args.max_stack)))
     except ValueError as err:
         print(f"gpu queue: error: {err}", file=sys.stderr)
         return 2

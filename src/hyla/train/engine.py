@@ -45,6 +45,7 @@ from hyla.train.fast import (
     keep_compiled_code_apart,
     uses_cudagraphs,
 )
+from hyla.train.optim import load_optimizer_state
 
 
 @dataclass
@@ -338,7 +339,7 @@ class Engine(ABC):
         model, optimizer = self._lone_run(r, state.step)
         try:
             model.load_state_dict(state.model)
-            optimizer.load_state_dict(state.optimizer)
+            load_optimizer_state(optimizer, state.optimizer)
         except (RuntimeError, ValueError, KeyError) as err:
             raise CheckpointError(f"checkpoint does not fit this model/optimizer: {err}") from err
         self._store_run(r, model, optimizer)

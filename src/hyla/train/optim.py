@@ -49,6 +49,24 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=cfg.train.lr, fused=device.type == "cuda", **extra)
 
 
+#: AdamW's group options that say how this process steps, not what the run is: a checkpoint's groups keep
+#: every other option, and take these from the optimizer they are loaded into
+STEP_MODE_OPTIONS = ("capturable", "fused", "foreach", "differentiable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """``saved`` (an optimizer's ``state_dict()``) into ``optimizer``, which keeps its step mode
+    (:data:`STEP_MODE_OPTIONS`). torch's ``load_state_dict`` takes every group option from the checkpoint, so a
+    checkpoint saved on a CPU would turn a CUDA run's fused, capturable AdamW (``train.graph_step``) into a
+    plain one, and the step's graph capture would fail; here the step counts also move to the device when the
+    mode asks for it."""
+    mode = [{k: g[k] for k in STEP_MODE_OPTIONS if k in g} for g in optimizer.param_groups]
+    groups = saved["param_groups"]
+    if len(groups) != len(mode):  # torch's own message, before zip below could drop a group
+        optimizer.load_state_dict(saved)
+    optimizer.load_state_dict({**saved, "param_groups": [{**g, **m} for g, m in zip(groups, mode)]})
+
+
 def lr_at(step: int, cfg: ExperimentConfig) -> float:
     """Linear warmup from 0 over ``warmup_steps``, then cosine decay to ``final_lr_fraction * lr``, reached
     at ``train.steps`` (``cosine_end=steps``) or at ``steps - warmup_steps`` (``steps_minus_warmup``: the

@@ -40,10 +40,11 @@ def plan_groups(
     return [group[k : k + cap] for group in groups.values() for k in range(0, len(group), cap)]
 
 
-#: the largest stack a CPU sweep trains: 1, each run alone. On a CPU a stack of R runs costs about R lone
-#: steps (the loop forward), so stacking gains nothing there, while runs trained one after another finish (and
-#: land their records) one by one, instead of all at the end or none under a time budget.
-CPU_MAX_STACK = 1
+#: the largest stack a sweep trains unless told otherwise (``hyla sweep --max-stack``): 1, each run alone. On a
+#: CPU a stack of R runs costs about R lone steps (the loop forward); on an H100 a stack of 3 SRAVEN runs
+#: trained 124 steps/s (372 run-steps/s), one run alone 567 (results/gpu_queue/2026-11-27). Runs one after
+#: another also finish, and land their records, one by one, instead of all at the end or none under a budget.
+SWEEP_MAX_STACK = 1
 
 
 def describe_plan(groups: list[list[ExperimentConfig]], cap: int | None = None) -> str:
@@ -56,7 +57,7 @@ def describe_plan(groups: list[list[ExperimentConfig]], cap: int | None = None) 
         return f"{len(runs)} runs in one stack" if len(runs) > 1 else "1 run"
     reasons = sorted({reason for cfg in runs if (reason := not_stackable_reason(cfg))})
     if cap is not None and any(len(g) == cap for g in groups):
-        reasons.append("each run alone on the CPU" if cap == CPU_MAX_STACK else f"stacks of at most {cap}")
+        reasons.append("each run alone: --max-stack 1" if cap == 1 else f"stacks of at most {cap}: --max-stack")
     if differ := stack_differences(runs):
         reasons.append(f"they differ in {', '.join(differ)}")
     why = "; ".join(reasons) or "their checkpoints are at different steps"  # the one other cause

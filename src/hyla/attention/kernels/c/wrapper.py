@@ -44,7 +44,7 @@ from torch import Tensor
 from hyla.attention.config import AttentionConfig
 from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
 from hyla.attention.kernels.errors import CpuKernelUnavailableError
-from hyla.runtime import c_compiler, cache_dir, cpuinfo_field
+from hyla.runtime import c_compiler, c_compiler_version, cache_dir, cpuinfo_field
 
 SOURCE = Path(__file__).with_name("hyla_cpu.c")
 BASE_FLAGS = (
@@ -103,7 +103,7 @@ def _compile(compiler: str, flags: tuple[str, ...], out_dir: Path) -> Path:
 
 
 def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = c_compiler_version(compiler)
     flags = build_flags()
     key = hashlib.sha256(
         "\n".join([SOURCE.read_text(), " ".join(flags), version, _cpu_signature()]).encode()
