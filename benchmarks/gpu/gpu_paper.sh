@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one GPU queue: Table A1 and its witnesses on a CUDA GPU, in device calls of at most ~9 minutes, in the
 # developers' stage order (src/hyla/sweep/queue.py holds the stages, the plan and its arithmetic):
-#   smoke            a minute of stacks of both tasks, the first time stacks run on a GPU
-#   throughput       steps/s against stack size 1, 4, 12, 24 for both tasks, peak memory, and the authors' code's
+#   smoke            (when named) a minute of stacks of both tasks (first run on an H100 on 2026-11-27)
+#   throughput       (when named) steps/s against stack size 1, 4, 12, 24 for both tasks, peak memory, and the authors' code's
 #                    updates/s (1 and 3 processes) in the same call -> results/gpu_throughput.{json,md}
 #   sraven-selected  SRAVEN HYLA and softmax at lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 (CPU runs of these
 #                    records must be stopped first, or the records fork: the plan says so loudly)
@@ -24,7 +24,8 @@
 # the newest checkpoint of each unfinished run, results/paper.md and its plots; RESUME_FROM=that archive
 # unpacks it first, so a later call (or a CPU) continues from it. It prints the runs left.
 #   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
-#   STAGES    the stages to run, in this order (default "smoke throughput sraven-selected authors fuzzy sraven-rest")
+#   STAGES    the stages to run, in this order (default "sraven-selected authors fuzzy sraven-rest": smoke and
+#             throughput, for stacks, run when named)
 #   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
 #   ROOT      where the records go (default results/sweeps)
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
@@ -49,7 +50,7 @@ minutes=${MINUTES:-9}
 budget_s=$(awk "BEGIN { print int($minutes * 60) }")
 archive=${ARCHIVE:-${OUT:-.}/gpu_paper_state.tar.gz}
 . "$here/archive.sh"
-stages=${STAGES:-smoke throughput sraven-selected authors fuzzy sraven-rest}
+stages=${STAGES:-$("$py" -c 'from hyla.sweep.queue import DEFAULT_STAGES; print(*DEFAULT_STAGES)')}
 plan() {
   "$py" -m hyla.sweep.queue plan --minutes "$minutes" --stages "$stages" --root "$root" --fuzzy "$fuzzy" \
     --sraven "$sraven" --max-stack "${MAX_STACK:-1}"

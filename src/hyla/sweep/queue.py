@@ -64,7 +64,9 @@ STAGES = (
     Stage("sraven-hyla", "sraven", ("hyla",)),
     Stage("sraven-main", "sraven", ("softmax", "linear", "hyla")),
 )
-DEFAULT_STAGES = ("smoke", "throughput", "sraven-selected", "authors", "fuzzy", "sraven-rest")
+#: smoke and throughput run when named: stacks first ran on a GPU on 2026-11-27, slower per run than lone runs,
+#: and sweeps train each run alone (results/gpu_queue/2026-11-27)
+DEFAULT_STAGES = ("sraven-selected", "authors", "fuzzy", "sraven-rest")
 
 #: one lone run on one H100 with train.fast and train.graph_step (results/gpu_h100.md): steps/s, and the
 #: seconds of a full schedule's evaluations (SRAVEN 0.4 min of 5.0; fuzzy logic 0.68 min in all at 1,747/s)
