@@ -68,6 +68,10 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
         "OMP_NUM_THREADS": "1",
         "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
         "AUTHORS_SEEDS": "",
+        # ours without torch.compile and the report: what a call runs of ours is tested by gpu_paper.sh's own
+        # test (tests/test_sweep.py); here, how the two parts share the call and its archive
+        "EXTRA": "train.fast=false",
+        "REPORT": "0",
     }
     if HAVE_AUTHORS:
         code = tmp_path / "authors_code"  # as `prepare` copies it: their checkout is never written to
@@ -116,8 +120,8 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
     ours = [f"records/tiny_sraven/hyla-lr{lr}-seed0" for lr in (0.001, 0.0003)]
     # the first call stops theirs at once: a stop before the first step is acted on after it (its evaluation
     # included), so they stop at batch index 1 however slow this machine is
-    # its archive is split into parts of 20 kB (on a GPU, of 15 MiB), from which the second call continues
-    first = call("a", AUTHORS_MINUTES="0", PART_MIB="0.02")
+    # its archive is split into parts of 10 kB (on a GPU, of 15 MiB), from which the second call continues
+    first = call("a", AUTHORS_MINUTES="0", PART_MIB="0.01")
     assert not (tmp_path / "a.tar.gz").exists() and (tmp_path / "a.tar.gz.part-001").exists(), first
     assert "== stage sraven-hyla" in first and "tiny_sraven: 2 runs finished now, 0 left" in first, first
     assert "ours, SRAVEN HYLA: 0 runs left" in first, first

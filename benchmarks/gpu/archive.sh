@@ -2,7 +2,7 @@
 # most 16 MiB, so an archive over PART_MIB (default 15) is split into ARCHIVE.part-000, -001, ...; RESUME_FROM
 # names the archive, or the name its parts share.
 
-part_bytes=$(awk "BEGIN { print int(${PART_MIB:-15} * 1048576) }")
+part_bytes=$(awk "BEGIN { printf \"%d\", ${PART_MIB:-15} * 1048576 }")
 
 unpack_archive() {  # unpack_archive NAME: the archive NAME, or its parts, over the working tree
   if [ -f "$1" ]; then
