@@ -50,10 +50,11 @@ minutes=${MINUTES:-9}
 budget_s=$(awk "BEGIN { print int($minutes * 60) }")
 archive=${ARCHIVE:-${OUT:-.}/gpu_paper_state.tar.gz}
 . "$here/archive.sh"
+stack=(${MAX_STACK:+--max-stack "$MAX_STACK"})  # unset: hyla sweep's default (each run alone)
 stages=${STAGES:-$("$py" -c 'from hyla.sweep.queue import DEFAULT_STAGES; print(*DEFAULT_STAGES)')}
 plan() {
   "$py" -m hyla.sweep.queue plan --minutes "$minutes" --stages "$stages" --root "$root" --fuzzy "$fuzzy" \
-    --sraven "$sraven" --max-stack "${MAX_STACK:-1}"
+    --sraven "$sraven" "${stack[@]}"
 }
 case "${1:-}" in
   --plan) plan; exit $? ;;
@@ -87,7 +88,7 @@ sweep_stage() {  # sweep_stage NAME: the stage's sweep, rows and filters from th
   case ${args[0]} in fuzzy) file=$fuzzy ;; sraven) file=$sraven ;; esac
   sweep() {
     "$py" -m hyla sweep "$file" "${args[@]:1}" --device "$device" --root "$root" \
-      --max-minutes "$(awk "BEGIN { print $(left_s) / 60 }")" --max-stack "${MAX_STACK:-1}" "${overrides[@]}" "$@"
+      --max-minutes "$(awk "BEGIN { print $(left_s) / 60 }")" "${stack[@]}" "${overrides[@]}" "$@"
   }
   if sweep; then return 0; fi
   # a step that cannot be captured must not cost the call: the stage goes on without the whole-step graph

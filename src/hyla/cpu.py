@@ -179,7 +179,7 @@ def main() -> int:
     if library is None:
         print(f"hyla.cpu: nothing to preload: {reason}", file=sys.stderr)
         return 1
-    print(f"LD_PRELOAD={preload_environment()['LD_PRELOAD']}")
+    print(f"LD_PRELOAD={preload_environment(library=library)['LD_PRELOAD']}")
     return 0
 
 

@@ -62,8 +62,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     mode asks for it."""
     mode = [{k: g[k] for k in STEP_MODE_OPTIONS if k in g} for g in optimizer.param_groups]
     groups = saved["param_groups"]
-    if len(groups) != len(mode):  # torch's own message, before zip below could drop a group
-        optimizer.load_state_dict(saved)
+    if len(groups) != len(mode):  # before zip below could drop a group
+        raise ValueError(f"the checkpoint has {len(groups)} parameter groups, this optimizer {len(mode)}")
     optimizer.load_state_dict({**saved, "param_groups": [{**g, **m} for g, m in zip(groups, mode)]})
 
 
