@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from hyla.analysis.paper_report import agreement, paper_report, paper_value
+from hyla.analysis.stats import first_reaching
 from hyla.cli import main
 from hyla.train.config import dump_config, load_config
 from hyla.train.sweepfile import load_sweep
@@ -169,3 +170,37 @@ def test_grid_points_in_progress_compare_at_matched_updates(tmp_path: Path) -> N
     assert "| hyla | 0.001 | 0 | finished | 10.0 / 9.0 | 20.0 / 19.0 | 30.0 / 29.0 | 50.0 / 49.0 |" in text
     assert "| hyla | 0.003 | 0 | 51,234 | 15.0 / 14.0 | 25.0 / 24.0 | 35.0 / 34.0 | 55.0 / 54.0 |" in text
     assert "| linear | 0.001 | 0 |" not in text  # a row whose runs are all finished has its final table only
+    assert "Leaving the plateau" not in text  # fuzzy logic has no plateau level (PaperColumn.past_plateau)
+
+
+def test_sraven_runs_say_when_they_left_the_plateau(tmp_path: Path) -> None:
+    """Each grid point of a SRAVEN sweep lists the first evaluation at which each run reached the task's level
+    past the plateau (40% OOD accuracy), in any order of the log, and where the others stand."""
+    sweep_file = tmp_path / "table_a1_tiny.yaml"
+    spec = {"name": "table_a1_tiny", "config": "sraven", "rows": {"hyla": {"model.attention": "hyla"}}}
+    sweep_file.write_text(yaml.safe_dump({**spec, "grid": {"train.lr": [0.001, 0.0003]}, "seeds": [0, 1, 2]}))
+    records = tmp_path / "sweeps" / "table_a1_tiny"
+    curves = {  # (lr, seed) -> OOD accuracy at each evaluation; seed 1 is in progress, the others finished
+        (0.0003, 0): [(10_000, 0.30), (30_000, 0.41), (20_000, 0.45), (40_000, float("nan"))],
+        (0.0003, 1): [(10_000, 0.20), (20_000, 0.38)],
+        (0.001, 0): [(10_000, 0.15), (20_000, 0.28)],
+    }
+    for run_spec in load_sweep(str(sweep_file)).runs():
+        curve = curves.get((dict(run_spec.point)["train.lr"], run_spec.seed))
+        if curve is None:
+            continue
+        fake_record(records, run_spec, test=0.5, ood=0.5, steps=156_250 if run_spec.seed else max(curve)[0])
+        lines = [{"step": s, "split": split, "acc": v} for s, v in curve for split in ("test", "ood")]
+        (records / run_spec.name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=0)
+    assert "each run's OOD accuracy reached 40%" in text
+    assert "| hyla | 0.0003 | 1 of 2 | 0: 20,000 | 1: 38.0 at 20,000 |" in text
+    assert "| hyla | 0.001 | 0 of 1 | - | 0: 28.0 at the end |" in text
+
+
+def test_first_reaching_takes_the_earliest_step_at_or_above_the_level() -> None:
+    curve = [(30, 0.5), (10, 0.2), (20, 0.4), (40, float("nan"))]
+    assert first_reaching(curve, 0.4) == 20
+    assert first_reaching(curve, 0.2) == 10
+    assert first_reaching(curve, 0.6) is None
+    assert first_reaching([], 0.0) is None

@@ -70,3 +70,22 @@ def test_summary_gives_mean_and_standard_error_over_seeds(tmp_path: Path) -> Non
     assert "| 2500 | 20.0 +- 5.8 (3) | 15.0 +- 5.0 (2) | - | - |" in text
     assert "| 156250 | 50.0 +- 0.0 (3) | 15.0 +- 5.0 (2) | - | - |" in text
     assert (tmp_path / "sraven_hyla.md").read_text() == text.rstrip("\n") + "\n"
+
+
+def test_their_runs_end_with_the_first_evaluation_past_the_plateau(tmp_path: Path) -> None:
+    """``--their-runs``: one column per run of theirs (seeds and swaps), and a last line with the first
+    evaluation at 40% OOD or more, the level the paper report reads our runs at."""
+    for name, oods in (("sraven-hyla-seed0", (0.12, 0.41, 0.39)), ("sraven-hyla-seed1-init0", (0.12, 0.2, 0.3))):
+        (tmp_path / "authors" / name).mkdir(parents=True)
+        lines = [
+            f"[INFO  10:00:00] step: {updates + 1} \t ood_acc: {acc:.4f} \t ood_loss: 1.0"
+            for updates, acc in zip((2500, 5000, 7500), oods, strict=True)
+        ]
+        (tmp_path / "authors" / name / "event.log").write_text("\n".join(lines) + "\n")
+    args = ["--their-runs", "--authors-logs", str(tmp_path / "authors"), "--dir", str(tmp_path), "--setting", "lr x"]
+    text = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True).stdout
+    assert "their code (lr x)" in text
+    assert "| updates | data 0, init 0 | data 1, init 0 |" in text
+    assert "| 5000 | 41.0 | 20.0 |" in text
+    assert text.rstrip().splitlines()[-1] == "| first >= 40% | 5,000 | - |"
+    assert (tmp_path / "sraven_hyla_their_runs.md").read_text() == text.rstrip("\n") + "\n"

@@ -19,7 +19,8 @@ and a plot ``.png`` beside it:
 
 ``--their-runs``: the OOD accuracy at each evaluation of every run of theirs in ``AUTHORS_LOGS``, their seeds and
 the swaps (split and batches of one seed, initial draw of another), one column each (``sraven_<variant>_their_runs.md``
-in ``--dir``).
+in ``--dir``), and the first evaluation past the plateau (SRAVEN's ``PaperColumn.past_plateau``, the level
+``hyla report --paper`` uses for our runs).
 
 ``--summary``: reads the per-seed JSON files and prints (and writes ``sraven_<variant>.md``) the accuracy at each
 evaluation, theirs beside ours, mean +- s.e. over the seeds each has there.
@@ -31,6 +32,7 @@ Usage: .venv/bin/python benchmarks/authors/side_by_side_sraven.py [--variant hyl
        [--ours-run RUN_DIR] [--bin 1000] [--out FILE]
        .venv/bin/python benchmarks/authors/side_by_side_sraven.py --summary [--variant hyla] [--seeds 0,1,2]
        .venv/bin/python benchmarks/authors/side_by_side_sraven.py --their-runs --authors-logs DIR --dir DIR
+           [--setting "lr 3e-4, wd 0.3, warmup 1000"]
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from typing import Any
 import numpy as np
 from side_by_side import REPO, _git, authors_commit, machine, parse_authors_log
 
+from hyla.analysis.stats import first_reaching
+from hyla.tasks import task_entry
 from hyla.train.rundir import read_run
 
 OURS_SWEEP = REPO / "results/sweeps/table_a1_sraven"
@@ -244,11 +248,13 @@ def their_runs(args: argparse.Namespace) -> str:
             curve = parse_authors_log(run_dir / "event.log", SPLITS, ("acc", "loss"))
             runs[f"data {data}, init {init}"] = evaluations(curve, authors=True)
     steps = sorted({step for accs in runs.values() for step, split in accs if split == "ood" and step > 0})
+    level = task_entry("sraven").task.paper_column.past_plateau
     lines = [
-        f"SRAVEN {args.variant}, their code (lr 1e-3, wd 0.1, warmup 1000): OOD accuracy (%, all four answer "
+        f"SRAVEN {args.variant}, their code ({args.setting}): OOD accuracy (%, all four answer "
         "features) at each evaluation of each run: its split and batches from seed `data`, its initial weights "
         "and attention-dropout stream from seed `init`; 12,800 problems per evaluation. Their evaluation logged "
-        "k + 1 is listed at k.",
+        f"k + 1 is listed at k. The last line: the first evaluation at {100 * level:g}% or more (past the plateau, "
+        "as `hyla report --paper` reads our runs).",
         "",
         "| updates | " + " | ".join(runs) + " |",
         "|---|" + "---|" * len(runs),
@@ -256,6 +262,11 @@ def their_runs(args: argparse.Namespace) -> str:
     for step in steps:
         cells = [f"{100 * accs[(step, 'ood')]:.1f}" if (step, "ood") in accs else "-" for accs in runs.values()]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    firsts = [
+        first_reaching([(s, v) for (s, split), v in accs.items() if split == "ood"], level) for accs in runs.values()
+    ]
+    cells = ["-" if step is None else f"{step:,}" for step in firsts]
+    lines.append(f"| first >= {100 * level:g}% | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -268,6 +279,9 @@ def main() -> None:
         "--their-runs", action="store_true", help="OOD accuracy of every run of theirs (seeds and swaps), per column"
     )
     ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",")], default=[0, 1, 2])
+    ap.add_argument(
+        "--setting", default="lr 1e-3, wd 0.1, warmup 1000", help="--their-runs: the grid point their runs trained at"
+    )
     ap.add_argument("--dir", type=Path, default=SIDE_BY_SIDE, help="--summary: where the per-seed files are")
     ap.add_argument("--authors-logs", type=Path, default=SIDE_BY_SIDE / "authors")
     ap.add_argument(

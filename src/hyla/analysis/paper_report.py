@@ -21,7 +21,7 @@ from pathlib import Path
 from hyla.analysis.latent_summary import figure_lines, latent_section
 from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
-from hyla.analysis.stats import format_mean_se, mean_se
+from hyla.analysis.stats import first_reaching, format_mean_se, mean_se
 from hyla.tasks import PaperColumn, task_entry
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.rundir import (
@@ -211,6 +211,45 @@ def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]
     return [*lines, ""]
 
 
+def plateau_exits(found: SweepResults, cells: Callable[[str, tuple], list[str]], level: float) -> list[str]:
+    """Per grid point with records, which runs have reached ``level`` on ``ood`` (the task's
+    :attr:`PaperColumn.past_plateau`) and at which evaluation first; the others' updates and OOD so far."""
+    column = paper_column(found.task)
+    metric, title = column.metric, column.title.removesuffix(" (%)")
+    by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
+    for spec in found.sweep.runs():
+        if spec.name in found.loaded:
+            by_point.setdefault((spec.row, spec.point), []).append(spec)
+    if not by_point:
+        return []
+    keys = ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
+    lines = [
+        f"Leaving the plateau: the first evaluation at which each run's {title} reached {100 * level:g}% "
+        "(above every plateau this task's runs were seen to sit on); the runs that have not, with their updates "
+        "and OOD so far:",
+        "",
+        f"| row | {keys} | reached it (of the runs with records) | first at (seed: updates) "
+        "| not yet (seed: OOD % at updates) |",
+        "|---|---|---|---|---|",
+    ]
+    for (row, point), specs in by_point.items():
+        reached, not_yet = [], []
+        for spec in specs:
+            run = found.loaded[spec.name]
+            ood = [(m["step"], m[metric]) for m in run.metrics if m.get("split") == "ood" and metric in m]
+            if (step := first_reaching(ood, level)) is not None:
+                reached.append(f"{spec.seed}: {step:,}")
+            elif ood:
+                last_step, last = max(ood)
+                where = "the end" if spec.name in found.done else f"{last_step:,}"
+                not_yet.append(f"{spec.seed}: {100 * last:.1f} at {where}")
+        lines.append(
+            f"| {row} | {', '.join(cells(row, point))} | {len(reached)} of {len(specs)} | "
+            f"{'; '.join(reached) or '-'} | {'; '.join(not_yet) or '-'} |"
+        )
+    return [*lines, ""]
+
+
 def _updates_reached(run: RunRecord) -> int:
     """The newest checkpoint's step (what a resumed run continues from), else the last logged step."""
     step = checkpoint_step(run.path)
@@ -292,6 +331,8 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
     lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
     lines += [*all_points, ""]
     lines += matched_updates(found, cells, metric)
+    if (level := paper_column(task).past_plateau) is not None:
+        lines += plateau_exits(found, cells, level)
     trained: dict[str, list[RunRecord]] = {}
     for label, run in chosen_runs:
         if run.path.name in done and has_trained_weights(run.path):

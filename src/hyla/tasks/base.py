@@ -36,6 +36,9 @@ class PaperColumn:
     index: int  # the column of Table A1, also the order of the tasks in reports
     metric: str  # the metric it reports (on ``ood``)
     title: str  # the column's title, e.g. ``"OOD accuracy (%)"``
+    #: an OOD level of ``metric`` above every plateau the task's runs were seen to sit on before they climbed
+    #: (None: no plateau seen); ``hyla report --paper`` lists when each run first reached it
+    past_plateau: float | None = None
 
 
 class Task(ABC):
