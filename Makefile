@@ -24,8 +24,8 @@ demo: $(STAMP)
 # Triton kernels run under the interpreter on CPU (tiny sizes); exit code 5 = none collected.
 # The main suite runs last so that its summary line closes the output.
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m kernel tests || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -n 2 -m "not kernel" tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q --durations=5 -m kernel tests || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 2 --durations=15 -m "not kernel" tests
 
 # The float-sensitive tests again under other CPU dispatch paths (what another CPU would pick): each
 # promise must hold on any x86-64 CPU, exact where the arithmetic is the same, else within its noise floor.

@@ -61,6 +61,19 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
         queue.stage_named("2-sraven")
 
 
+def test_the_authors_stage_trains_their_code_at_the_same_point_and_given_flags_win() -> None:
+    assert queue.authors_flags() == ["--config.lr=0.0003", "--config.weight_decay=0.3", "--config.warmup_steps=1000"]
+    # a key given twice is an error of their flag parser: what AUTHORS_EXTRA names is left out of the point
+    assert queue.authors_flags("--config.batch_size=8 --config.warmup_steps=4") == [
+        "--config.lr=0.0003",
+        "--config.weight_decay=0.3",
+    ]
+    # the same grid point as our sraven-selected stage
+    ours = dict(w.split("=", 1) for w in queue.stage_named("sraven-selected").where)
+    theirs = dict(f.removeprefix("--config.").split("=", 1) for f in queue.authors_flags())
+    assert {k.removeprefix("train."): v for k, v in ours.items() if k != "seed"} == theirs
+
+
 def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() -> None:
     assert queue.stack_rate("sraven", 3, {}) == (567.0 / 3, "one lone H100 run, no stacking gain")
     measured = {"sraven": {1: 600.0, 4: 400.0}}

@@ -18,6 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tiny import AUTHORS_TINY_BATCH, AUTHORS_TINY_MODEL, HANG_GUARD_S, tiny_overrides
@@ -186,3 +187,53 @@ def test_gpu_paper_refuses_an_unknown_stage_before_training(tmp_path: Path) -> N
     done = subprocess.run(script, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2 and "unknown stage '2-sraven'; allowed: smoke" in done.stderr, done.stderr
     assert "== stage" not in done.stdout and not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(not HAVE_AUTHORS, reason="needs the authors' venv and code (AUTHORS_VENV, AUTHORS_CODE)")
+def test_the_queue_runs_the_authors_code_at_the_selected_point(tmp_path: Path) -> None:
+    """gpu_paper.sh's stage ``authors`` (#48 part 3): their HYLA and softmax (here seed 2 and seed 0 of the
+    stage's HYLA 0-2 and softmax 0), each in its own folder, at lr 3e-4 and wd 0.3; the CPU test's tiny model and
+    warmup in AUTHORS_EXTRA; stopped by their --stop_after."""
+    code = tmp_path / "authors_code"
+    shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "STAGES": "authors",
+        "MINUTES": "600",
+        "ROOT": "records",
+        "FUZZY": str(tiny_sweep(tmp_path, "fuzzy_logic", {})),
+        "SRAVEN": str(tiny_sweep(tmp_path, "sraven", {})),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+        "REPORT": "0",
+        "ARCHIVE": str(tmp_path / "queue.tar.gz"),
+        "AUTHORS_CODE": str(code),
+        "AUTHORS_PYTHON": str(AUTHORS_PYTHON),
+        "AUTHORS_SITE": str(tmp_path / "site"),
+        "AUTHORS_EXTRA": " ".join([*AUTHORS_EXTRA, "--stop_after=2"]),
+        "AUTHORS_STAGE_SEEDS": "hyla/2 softmax/0",  # two of the stage's four runs: a JAX process a core
+        "AUTHORS_MINUTES": "600",  # --stop_after stops them, never the clock
+        "AUTHORS_GRACE_S": str(HANG_GUARD_S),
+        "EVAL_EVERY": "50",
+        "LOG_EVERY": "1",
+        "EVAL_PROBLEMS": "32",
+        "JAX_CACHE": "",
+    }
+    script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
+    done = subprocess.run(script, env=env, cwd=work, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0 and "the authors stage failed" not in done.stdout, done.stdout[-3000:] + done.stderr
+    logs = work / "results" / "gpu_sraven_verdict" / "authors_lr3e-4_wd0.3"
+    assert sorted(p.name for p in logs.iterdir()) == ["sraven-hyla-seed2", "sraven-softmax-seed0"]
+    for run, mixer in (("sraven-hyla-seed2", "linear_hypatt"), ("sraven-softmax-seed0", "softmax_attention")):
+        stdout = (logs / run / "stdout.log").read_text()
+        assert re.search(r"--stop_after=2: saved \S+ at batch index 2", stdout), stdout[-2000:]
+        # the tiny test's warmup (AUTHORS_EXTRA) replaces the point's 1000: their parser refuses a key given twice
+        config = f"Config: sequence_mixer={mixer} lr=0.0003 weight_decay=0.3 warmup_steps=4 seed={run[-1]}"
+        assert config in stdout, stdout[-3000:]
+    with tarfile.open(tmp_path / "queue_authors.tar.gz") as tar:
+        assert "results/gpu_sraven_verdict/authors_lr3e-4_wd0.3/sraven-softmax-seed0/event.log" in tar.getnames()

@@ -185,6 +185,11 @@ def main(argv: list[str]) -> int:
         return 0
     logger = [StandardLogger(config.log_dir)]
     logging.info(f"Logging to {config.log_dir}")
+    # the grid point and model each log was trained with, in the log itself (their flags may override any)
+    logging.info(
+        f"Config: sequence_mixer={config.model.sequence_mixer} lr={config.lr} weight_decay={config.weight_decay} "
+        f"warmup_steps={config.warmup_steps} seed={config.seed}"
+    )
     # main() passes two RavenLatents callbacks with log_level=2; Experiment only triggers callbacks whose
     # log_level <= --log_level (default 1), so they never fire in their runs either, and none are made here.
     assert FLAGS.log_level < 2, "--log_level >= 2 would need main()'s RavenLatents callbacks"

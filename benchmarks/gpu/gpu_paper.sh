@@ -30,7 +30,9 @@
 #   ROOT      where the records go (default results/sweeps)
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
 #   COMPILE_CACHE   the compile cache, carried between calls (default .gpu_state/compile_cache; empty: none)
-#   AUTHORS_MINUTES the authors stage's minutes (default 3)
+#   AUTHORS_MINUTES the authors stage's minutes (default 3); AUTHORS_STAGE_SEEDS its runs (default "hyla/0 hyla/1
+#             hyla/2 softmax/0": gpu_sraven_verdict.sh's AUTHORS_SEEDS); AUTHORS_EXTRA more flags of theirs (a key
+#             it names replaces the point's: their parser refuses a key given twice)
 #   ARCHIVE   the archive written at the end (default $OUT/gpu_paper_state.tar.gz, else ./gpu_paper_state.tar.gz)
 #   RESUME_FROM     an archive of an earlier call (or the name of its .part-NN files), unpacked over the tree first
 #   PART_MIB  an archive over this many MiB is split into ARCHIVE.part-000, -001, ... (default 15; archive.sh)
@@ -124,10 +126,12 @@ throughput() {  # steps/s against stack size, peak memory, and the authors' code
   "$py" "$here/throughput_table.py" "$out" results/gpu_throughput
 }
 
-authors() {  # their driver at the selected point, beside our sraven-selected runs
-  AUTHORS_SEEDS="hyla/0 hyla/1 hyla/2 softmax/0" AUTHORS_MINUTES=${AUTHORS_MINUTES:-3} STAGES=none \
+authors() {  # their driver at the selected point (the queue's SELECTED), beside our sraven-selected runs
+  local point
+  point=$("$py" -m hyla.sweep.queue authors-flags --given "${AUTHORS_EXTRA:-}") || return 1
+  AUTHORS_SEEDS=${AUTHORS_STAGE_SEEDS:-hyla/0 hyla/1 hyla/2 softmax/0} AUTHORS_MINUTES=${AUTHORS_MINUTES:-3} STAGES=none \
     MINUTES=$(awk "BEGIN { print $(left_s) / 60 }") AUTHORS_LOGS=results/gpu_sraven_verdict/authors_lr3e-4_wd0.3 \
-    AUTHORS_EXTRA="--config.lr=0.0003 --config.weight_decay=0.3 --config.warmup_steps=1000 ${AUTHORS_EXTRA:-}" \
+    AUTHORS_EXTRA="$point ${AUTHORS_EXTRA:-}" \
     ARCHIVE="${archive%.tar.gz}_authors.tar.gz" DEVICE="$device" PYTHON="$py" bash "$here/gpu_sraven_verdict.sh"
 }
 

@@ -35,7 +35,8 @@
 # device call is at most 16 MiB a file). RESUME_FROM=ARCHIVE (the file or its parts) unpacks it first.
 #
 # Their code and the Python packages it needs beyond the GPU machine's travel in the ignored folder .authors/
-# (carry it): `prepare` (here, with the network) copies their checkout into .authors/code (without .git) and
+# (carry it): `prepare` (here, with the network) copies their checkout (AUTHORS_SRC [/work/authors/code]; on a fresh
+# machine, where there is none: their pinned commit from a bare git dir, AUTHORS_MIRROR) into .authors/code and
 # downloads wheels into .authors/wheels; each call installs, into .authors/site-cpXY, only those that its
 # Python cannot import (pip install --no-index --no-deps --target). ml_collections: their pin 0.1.1 imports
 # `imp`, gone in Python 3.12 (the GPU machine's), where 1.1.0 (same API) is installed instead. Their runs get
@@ -72,18 +73,30 @@ logs=${AUTHORS_LOGS:-$verdict/authors}
 read -r -a seeds <<< "${AUTHORS_SEEDS-0 1 2 0:1 1:0}"
 
 prepare() {  # here: their code and the wheels into .authors/ (git-ignored)
-  local src=${AUTHORS_SRC:-/work/authors/code} pip=${AUTHORS_VENV:-/work/authors/venv}/bin/pip
+  local src=${AUTHORS_SRC:-/work/authors/code} mirror=${AUTHORS_MIRROR:-/work/.mirror/smonsays+hypernetwork-attention/repo}
+  local commit=${AUTHORS_COMMIT:-af9805fc33f2009e56b46730aaeff37194f66970}  # the commit every record of theirs ran
+  local pip=("${AUTHORS_VENV:-/work/authors/venv}/bin/pip")
+  [ -x "${pip[0]}" ] || pip=("$py" -m pip)  # any pip: it only builds and downloads wheels
   rm -rf .authors/code .authors/wheels
   mkdir -p .authors/code .authors/wheels
-  tar -C "$src" --exclude=.git --exclude=__pycache__ -cf - . | tar -C .authors/code -xf -
-  git -C "$src" rev-parse HEAD > .authors/code/COMMIT 2>/dev/null || true
+  if [ -f "$src/run.py" ]; then
+    tar -C "$src" --exclude=.git --exclude=__pycache__ -cf - . | tar -C .authors/code -xf -
+    git -C "$src" rev-parse HEAD > .authors/code/COMMIT 2>/dev/null || true
+  elif git --git-dir="$mirror" cat-file -e "$commit^{commit}" 2>/dev/null; then  # a fresh machine: a bare copy
+    git --git-dir="$mirror" archive "$commit" | tar -C .authors/code -xf -
+    echo "$commit" > .authors/code/COMMIT
+  else
+    echo "no authors' code: neither a checkout at $src (AUTHORS_SRC) nor commit $commit in a git dir at $mirror" \
+      "(AUTHORS_MIRROR, e.g. git clone --bare https://github.com/smonsays/hypernetwork-attention)" >&2
+    exit 2
+  fi
   # ml_collections 0.1.1 is an sdist only: a wheel built here; 1.1.0 for Python >= 3.12
-  "$pip" wheel -q --no-deps ml_collections==0.1.1 -w .authors/wheels
-  "$pip" download -q --no-deps --only-binary=:all: -d .authors/wheels \
+  "${pip[@]}" wheel -q --no-deps ml_collections==0.1.1 -w .authors/wheels
+  "${pip[@]}" download -q --no-deps --only-binary=:all: -d .authors/wheels \
     ml_collections==1.1.0 contextlib2==21.6.0 six==1.17.0
   local v
   for v in 3.11 3.12 3.13; do  # PyYAML, a fallback: compiled, one wheel per Python version
-    "$pip" download -q --no-deps --only-binary=:all: --python-version "$v" --implementation cp \
+    "${pip[@]}" download -q --no-deps --only-binary=:all: --python-version "$v" --implementation cp \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .authors/wheels PyYAML==6.0.3
   done
   grep -qx '/.authors/' .gitignore || echo '/.authors/' >> .gitignore

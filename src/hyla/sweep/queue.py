@@ -34,6 +34,21 @@ from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 #: the selected SRAVEN point (results/paper_findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
 SELECTED = ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000", "seed=0,1,2")
 
+#: our keys of SELECTED -> the flags of the authors' configs/raven.py that set the same
+AUTHORS_FLAGS = {
+    "train.lr": "--config.lr",
+    "train.weight_decay": "--config.weight_decay",
+    "train.warmup_steps": "--config.warmup_steps",
+}
+
+
+def authors_flags(given: str = "") -> list[str]:
+    """The authors' driver flags of the selected point (``--config.lr=0.0003``, ...), less the keys that the
+    flags ``given`` already set: their flag parser refuses a key given twice, so ``given`` wins."""
+    named = {flag.split("=", 1)[0] for flag in given.split()}
+    point = dict(item.split("=", 1) for item in SELECTED)
+    return [f"{flag}={point[key]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -213,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--max-stack", type=int, default=SWEEP_MAX_STACK, help="as hyla sweep's --max-stack")
     ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
     ar.add_argument("stage")
+    au = sub.add_parser("authors-flags", help="the authors' driver flags of the selected point, one line")
+    au.add_argument("--given", default="", help="their flags already given (AUTHORS_EXTRA): these keys are left out")
     args = p.parse_args(argv)
     try:
+        if args.what == "authors-flags":
+            print(" ".join(authors_flags(args.given)))
+            return 0
         if args.what == "args":
             stage = stage_named(args.stage)
             print("\n".join([stage.sweep or "-", *sweep_arguments(stage)]))
