@@ -184,6 +184,7 @@ def test_sraven_runs_say_when_they_left_the_plateau(tmp_path: Path) -> None:
         (0.0003, 0): [(10_000, 0.30), (30_000, 0.41), (20_000, 0.45), (40_000, float("nan"))],
         (0.0003, 1): [(10_000, 0.20), (20_000, 0.38)],
         (0.001, 0): [(10_000, 0.15), (20_000, 0.28)],
+        (0.001, 1): [],  # started, not evaluated yet
     }
     for run_spec in load_sweep(str(sweep_file)).runs():
         curve = curves.get((dict(run_spec.point)["train.lr"], run_spec.seed))
@@ -195,7 +196,7 @@ def test_sraven_runs_say_when_they_left_the_plateau(tmp_path: Path) -> None:
     text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], tmp_path / "none.json", latents=0)
     assert "each run's OOD accuracy reached 40%" in text
     assert "| hyla | 0.0003 | 1 of 2 | 0: 20,000 | 1: 38.0 at 20,000 |" in text
-    assert "| hyla | 0.001 | 0 of 1 | - | 0: 28.0 at the end |" in text
+    assert "| hyla | 0.001 | 0 of 2 | - | 0: 28.0 at the end; 1: no evaluation yet |" in text
 
 
 def test_first_reaching_takes_the_earliest_step_at_or_above_the_level() -> None:

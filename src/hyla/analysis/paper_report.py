@@ -243,6 +243,8 @@ def plateau_exits(found: SweepResults, cells: Callable[[str, tuple], list[str]],
                 last_step, last = max(ood)
                 where = "the end" if spec.name in found.done else f"{last_step:,}"
                 not_yet.append(f"{spec.seed}: {100 * last:.1f} at {where}")
+            else:
+                not_yet.append(f"{spec.seed}: no evaluation yet")
         lines.append(
             f"| {row} | {', '.join(cells(row, point))} | {len(reached)} of {len(specs)} | "
             f"{'; '.join(reached) or '-'} | {'; '.join(not_yet) or '-'} |"
