@@ -236,7 +236,7 @@ def plateau_exits(found: SweepResults, cells: Callable[[str, tuple], list[str]],
         reached, not_yet = [], []
         for spec in specs:
             run = found.loaded[spec.name]
-            ood = [(m["step"], m[metric]) for m in run.metrics if m.get("split") == "ood" and metric in m]
+            ood = list(zip(*run.curve("ood", metric), strict=True))
             if (step := first_reaching(ood, level)) is not None:
                 reached.append(f"{spec.seed}: {step:,}")
             elif ood:

@@ -46,8 +46,8 @@ def authors_flags(given: str = "") -> list[str]:
     """The authors' driver flags of the selected point (``--config.lr=0.0003``, ...), less the keys that the
     flags ``given`` already set: their flag parser refuses a key given twice, so ``given`` wins."""
     named = {flag.split("=", 1)[0] for flag in given.split()}
-    point = dict(item.split("=", 1) for item in SELECTED)
-    return [f"{flag}={point[key]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
+    point = parse_where(list(SELECTED))
+    return [f"{flag}={point[key][0]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
 
 
 @dataclass(frozen=True)
