@@ -287,6 +287,25 @@ def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, 
     assert c_wrapper._build(compiler) == built  # cached
 
 
+def test_the_kernel_check_is_marked_constant_as_torch_marks_it_without_importing_dynamo() -> None:
+    """The wrapper marks its library check as torch.compiler.assume_constant_result would (torch.compile runs it
+    once while tracing), without the decorator's import of torch._dynamo, which `import hyla` would pay."""
+    import subprocess
+    import sys
+
+    def probe() -> None: ...
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) == vars(c_wrapper._library_problem) != {}
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, hyla, hyla.cli; print('torch._dynamo' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("case", ["shared_bias_and_mask", "per_example_mask", "per_run_bias", "unbatched_kv"])
 def test_fused_cpu_under_vmap_equals_each_run_alone(case: str) -> None:
     """Stacked runs vmap the model: the op folds the runs into the batch (or, for a per-run bias,

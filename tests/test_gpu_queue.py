@@ -72,6 +72,10 @@ def test_the_authors_stage_trains_their_code_at_the_same_point_and_given_flags_w
     ours = dict(w.split("=", 1) for w in queue.stage_named("sraven-selected").where)
     theirs = dict(f.removeprefix("--config.").split("=", 1) for f in queue.authors_flags())
     assert {k.removeprefix("train."): v for k, v in ours.items() if k != "seed"} == theirs
+    # their logs go to one folder per point, named by it
+    assert queue.authors_logs() == "results/gpu_sraven_verdict/authors_lr3e-4_wd0.3"
+    spelled = [queue._short(v) for v in ("0.001", "0.0003", "0.3", "0.1", "1e-05")]
+    assert spelled == ["1e-3", "3e-4", "0.3", "0.1", "1e-5"]
 
 
 def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() -> None:

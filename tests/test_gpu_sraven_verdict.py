@@ -57,41 +57,57 @@ def tiny_sweep(where: Path, task: str, grid: dict) -> Path:
     return path
 
 
-def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
-    env = {
+def tiny_env(tmp_path: Path, sraven_grid: dict) -> dict[str, str]:
+    """The environment of a CPU call of the scripts at tiny size: the tiny sweeps, our package, one thread, no
+    report (tested with gpu_paper.sh in tests/test_sweep.py)."""
+    return {
         **os.environ,
         "DEVICE": "cpu",
         "ROOT": "records",  # relative: the archive holds paths relative to where the script runs
         "FUZZY": str(tiny_sweep(tmp_path, "fuzzy_logic", {})),
-        "SRAVEN": str(tiny_sweep(tmp_path, "sraven", {"train.lr": [0.001, 0.0003]})),  # one stack of two runs
+        "SRAVEN": str(tiny_sweep(tmp_path, "sraven", sraven_grid)),
         "PYTHON": sys.executable,
         "PYTHONPATH": str(REPO / "src"),
         "OMP_NUM_THREADS": "1",
         "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
-        "AUTHORS_SEEDS": "",
-        # ours without torch.compile and the report: what a call runs of ours is tested by gpu_paper.sh's own
-        # test (tests/test_sweep.py); here, how the two parts share the call and its archive
-        "EXTRA": "train.fast=false",
         "REPORT": "0",
     }
+
+
+def authors_env(tmp_path: Path) -> dict[str, str]:
+    """What their driver needs at tiny size: a copy of their code (as `prepare` copies it: their checkout is never
+    written to), their venv, evaluations on a few problems, a log line every step."""
+    code = tmp_path / "authors_code"
+    shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    return {
+        "AUTHORS_CODE": str(code),
+        "AUTHORS_PYTHON": str(AUTHORS_PYTHON),
+        "AUTHORS_SITE": str(tmp_path / "site"),
+        "EVAL_EVERY": "50",
+        "LOG_EVERY": "1",
+        "EVAL_PROBLEMS": "32",
+        # their start (JAX's import and compilation) may take minutes on a busy machine: the SIGTERM sent
+        # before it waits for it, and never turns into a SIGKILL
+        "AUTHORS_GRACE_S": str(HANG_GUARD_S),
+    }
+
+
+def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
+    env = {
+        **tiny_env(tmp_path, {"train.lr": [0.001, 0.0003]}),  # SRAVEN: one stack of two runs
+        "AUTHORS_SEEDS": "",
+        # ours without torch.compile: what a call runs of ours is tested by gpu_paper.sh's own test
+        # (tests/test_sweep.py); here, how the two parts share the call and its archive
+        "EXTRA": "train.fast=false",
+    }
     if HAVE_AUTHORS:
-        code = tmp_path / "authors_code"  # as `prepare` copies it: their checkout is never written to
-        shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
         env.update(
+            authors_env(tmp_path),
             AUTHORS_SEEDS=" ".join(SEEDS),
-            AUTHORS_CODE=str(code),
-            AUTHORS_PYTHON=str(AUTHORS_PYTHON),
-            AUTHORS_SITE=str(tmp_path / "site"),
             AUTHORS_EXTRA=" ".join(AUTHORS_EXTRA),
-            EVAL_EVERY="50",
-            LOG_EVERY="1",
-            EVAL_PROBLEMS="32",
             # every compilation into the cache that travels in the archive (a newer JAX compiles these tiny
             # programs in under the default minimum of one second)
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            # their start (JAX's import and compilation) may take minutes on a busy machine: the SIGTERM sent
-            # before it waits for it, and never turns into a SIGKILL
-            AUTHORS_GRACE_S=str(HANG_GUARD_S),
         )
 
     def call(where: str, **more: str) -> str:
@@ -194,34 +210,17 @@ def test_the_queue_runs_the_authors_code_at_the_selected_point(tmp_path: Path) -
     """gpu_paper.sh's stage ``authors`` (#48 part 3): their HYLA and softmax (here seed 2 and seed 0 of the
     stage's HYLA 0-2 and softmax 0), each in its own folder, at lr 3e-4 and wd 0.3; the CPU test's tiny model and
     warmup in AUTHORS_EXTRA; stopped by their --stop_after."""
-    code = tmp_path / "authors_code"
-    shutil.copytree(AUTHORS_CODE, code, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     work = tmp_path / "work"
     work.mkdir()
     env = {
-        **os.environ,
-        "DEVICE": "cpu",
+        **tiny_env(tmp_path, {}),
+        **authors_env(tmp_path),
         "STAGES": "authors",
         "MINUTES": "600",
-        "ROOT": "records",
-        "FUZZY": str(tiny_sweep(tmp_path, "fuzzy_logic", {})),
-        "SRAVEN": str(tiny_sweep(tmp_path, "sraven", {})),
-        "PYTHON": sys.executable,
-        "PYTHONPATH": str(REPO / "src"),
-        "OMP_NUM_THREADS": "1",
-        "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
-        "REPORT": "0",
         "ARCHIVE": str(tmp_path / "queue.tar.gz"),
-        "AUTHORS_CODE": str(code),
-        "AUTHORS_PYTHON": str(AUTHORS_PYTHON),
-        "AUTHORS_SITE": str(tmp_path / "site"),
         "AUTHORS_EXTRA": " ".join([*AUTHORS_EXTRA, "--stop_after=2"]),
         "AUTHORS_STAGE_SEEDS": "hyla/2 softmax/0",  # two of the stage's four runs: a JAX process a core
         "AUTHORS_MINUTES": "600",  # --stop_after stops them, never the clock
-        "AUTHORS_GRACE_S": str(HANG_GUARD_S),
-        "EVAL_EVERY": "50",
-        "LOG_EVERY": "1",
-        "EVAL_PROBLEMS": "32",
         "JAX_CACHE": "",
     }
     script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]

@@ -127,10 +127,11 @@ throughput() {  # steps/s against stack size, peak memory, and the authors' code
 }
 
 authors() {  # their driver at the selected point (the queue's SELECTED), beside our sraven-selected runs
-  local point
+  local point logs
   point=$("$py" -m hyla.sweep.queue authors-flags --given "${AUTHORS_EXTRA:-}") || return 1
+  logs=$("$py" -m hyla.sweep.queue authors-logs) || return 1
   AUTHORS_SEEDS=${AUTHORS_STAGE_SEEDS:-hyla/0 hyla/1 hyla/2 softmax/0} AUTHORS_MINUTES=${AUTHORS_MINUTES:-3} STAGES=none \
-    MINUTES=$(awk "BEGIN { print $(left_s) / 60 }") AUTHORS_LOGS=results/gpu_sraven_verdict/authors_lr3e-4_wd0.3 \
+    MINUTES=$(awk "BEGIN { print $(left_s) / 60 }") AUTHORS_LOGS="$logs" \
     AUTHORS_EXTRA="$point ${AUTHORS_EXTRA:-}" \
     ARCHIVE="${archive%.tar.gz}_authors.tar.gz" DEVICE="$device" PYTHON="$py" bash "$here/gpu_sraven_verdict.sh"
 }

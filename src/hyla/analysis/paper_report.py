@@ -127,6 +127,8 @@ class SweepResults:
     points: list[tuple[str, tuple, int, int, tuple[float, float] | None, tuple[float, float] | None]]
     loaded: dict[str, RunRecord]
     done: set[str]
+    #: every planned run, grouped by ``(row, point)``, in sweep order
+    by_point: dict[tuple[str, tuple], list[RunSpec]]
 
 
 def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
@@ -173,7 +175,7 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
         _, test = stats(specs, "test")
         chosen = [loaded[s.name] for s in specs if s.name in loaded]
         rows.append(RowResult(row, n, point, test, ood, paper, runs=chosen))
-    return SweepResults(sweep, task, rows, points, loaded, done)
+    return SweepResults(sweep, task, rows, points, loaded, done, by_point)
 
 
 def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]], metric: str) -> list[str]:
@@ -216,10 +218,11 @@ def plateau_exits(found: SweepResults, cells: Callable[[str, tuple], list[str]],
     :attr:`PaperColumn.past_plateau`) and at which evaluation first; the others' updates and OOD so far."""
     column = paper_column(found.task)
     metric, title = column.metric, column.title.removesuffix(" (%)")
-    by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
-    for spec in found.sweep.runs():
-        if spec.name in found.loaded:
-            by_point.setdefault((spec.row, spec.point), []).append(spec)
+    by_point = {
+        key: with_records
+        for key, specs in found.by_point.items()
+        if (with_records := [spec for spec in specs if spec.name in found.loaded])
+    }
     if not by_point:
         return []
     keys = ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())

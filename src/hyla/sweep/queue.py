@@ -12,6 +12,7 @@ logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the older drive
 
     python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE] [--max-stack R]
     python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
+    python -m hyla.sweep.queue authors-flags [--given FLAGS] | authors-logs   # the authors stage's point
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ def authors_flags(given: str = "") -> list[str]:
     named = {flag.split("=", 1)[0] for flag in given.split()}
     point = parse_where(list(SELECTED))
     return [f"{flag}={point[key][0]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
+
+
+def _short(value: str) -> str:
+    """0.0003 -> "3e-4", 0.3 -> "0.3": the shorter of the plain and the exponent spelling of the same number."""
+    plain = f"{float(value):g}"
+    exponent = f"{float(value):.0e}".replace("e-0", "e-").replace("e+0", "e")
+    return exponent if len(exponent) < len(plain) and float(exponent) == float(value) else plain
+
+
+def authors_logs() -> str:
+    """Where the ``authors`` stage writes their logs: one folder per selected point,
+    ``results/gpu_sraven_verdict/authors_lr3e-4_wd0.3`` for SELECTED."""
+    point = parse_where(list(SELECTED))
+    lr, wd = (_short(point[key][0]) for key in ("train.lr", "train.weight_decay"))
+    return f"results/gpu_sraven_verdict/authors_lr{lr}_wd{wd}"
 
 
 @dataclass(frozen=True)
@@ -230,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     ar.add_argument("stage")
     au = sub.add_parser("authors-flags", help="the authors' driver flags of the selected point, one line")
     au.add_argument("--given", default="", help="their flags already given (AUTHORS_EXTRA): these keys are left out")
+    sub.add_parser("authors-logs", help="the folder of the authors stage's logs at the selected point")
     args = p.parse_args(argv)
     try:
         if args.what == "authors-flags":
             print(" ".join(authors_flags(args.given)))
+            return 0
+        if args.what == "authors-logs":
+            print(authors_logs())
             return 0
         if args.what == "args":
             stage = stage_named(args.stage)

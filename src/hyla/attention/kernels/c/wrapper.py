@@ -168,7 +168,15 @@ def fused_cpu_unsupported_reason(
     return _library_problem() or None
 
 
-@torch.compiler.assume_constant_result  # torch.compile runs it once while tracing: building is no graph op
+def _assume_constant_result(fn: Any) -> Any:
+    """What ``torch.compiler.assume_constant_result`` does to ``fn``, without its ``import torch._dynamo``: that
+    import is half of the seconds of ``import hyla`` on a CPU, and every ``hyla`` command would pay it.
+    ``tests/test_c_kernel.py`` checks that the mark is still the one torch's decorator sets."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result  # torch.compile runs it once while tracing: building is no graph op
 def _library_problem() -> str:
     """Why the kernel cannot be loaded ("" when it can), building it on first use."""
     try:
