@@ -61,6 +61,12 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
         queue.stage_named("2-sraven")
 
 
+def test_check_names_the_first_unknown_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert queue.main(["check", *queue.DEFAULT_STAGES]) == 0
+    assert queue.main(["check", "fuzzy", "2-sraven", "sraven"]) == 2
+    assert "gpu queue: error: unknown stage '2-sraven'; allowed: smoke" in capsys.readouterr().err
+
+
 def test_the_authors_stage_trains_their_code_at_the_same_point_and_given_flags_win() -> None:
     assert queue.authors_flags() == ["--config.lr=0.0003", "--config.weight_decay=0.3", "--config.warmup_steps=1000"]
     # a key given twice is an error of their flag parser: what AUTHORS_EXTRA names is left out of the point

@@ -64,9 +64,8 @@ case "${1:-}" in
   *) echo "usage: $0 [--plan]" >&2; exit 2 ;;
 esac
 if [ "${PLAN:-0}" = 1 ]; then plan; exit $?; fi
-for name in $stages; do  # every name checked before anything trains
-  "$py" -m hyla.sweep.queue args "$name" >/dev/null || exit 2  # its error names the stage and the allowed ones
-done
+# every name checked before anything trains; the error names the stage and the allowed ones
+"$py" -m hyla.sweep.queue check $stages || exit 2
 if [ -n "${RESUME_FROM:-}" ]; then unpack_archive "$RESUME_FROM"; fi
 # one compilation per architecture a call; a later call reads it back from the carried cache
 cache=${COMPILE_CACHE-.gpu_state/compile_cache}
@@ -152,10 +151,8 @@ left=$( { "$py" -m hyla sweep "$fuzzy" --root "$root" --emit-commands "${overrid
           "$py" -m hyla sweep "$sraven" --root "$root" --emit-commands "${overrides[@]}"; } | sed -n 's/.* --out \([^ ]*\) .*/\1/p')
 # the archive: records and final weights of every run, the newest checkpoint of each unfinished one,
 # and the paper report made from them
-names=()
-for sweep in "$fuzzy" "$sraven"; do
-  names+=("$("$py" -c "import sys; from hyla.train.sweepfile import load_sweep; print(load_sweep(sys.argv[1]).name)" "$sweep")")
-done
+read -r -a names < <("$py" -c "import sys; from hyla.train.sweepfile import load_sweep
+print(*(load_sweep(path).name for path in sys.argv[1:]))" "$fuzzy" "$sraven")
 paper_out=${PAPER_OUT:-results}
 paper=()
 if [ "${REPORT:-1}" = 1 ] && "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \

@@ -12,6 +12,7 @@ logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the older drive
 
     python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE] [--max-stack R]
     python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
+    python -m hyla.sweep.queue check STAGE... # exit 2 naming the first unknown stage
     python -m hyla.sweep.queue authors-flags [--given FLAGS] | authors-logs   # the authors stage's point
 """
 
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--max-stack", type=int, default=SWEEP_MAX_STACK, help="as hyla sweep's --max-stack")
     ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
     ar.add_argument("stage")
+    ch = sub.add_parser("check", help="exit 2 naming the first unknown stage (one process for all of them)")
+    ch.add_argument("stages", nargs="*")
     au = sub.add_parser("authors-flags", help="the authors' driver flags of the selected point, one line")
     au.add_argument("--given", default="", help="their flags already given (AUTHORS_EXTRA): these keys are left out")
     sub.add_parser("authors-logs", help="the folder of the authors stage's logs at the selected point")
@@ -254,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.what == "authors-logs":
             print(authors_logs())
+            return 0
+        if args.what == "check":
+            for name in args.stages:
+                stage_named(name)
             return 0
         if args.what == "args":
             stage = stage_named(args.stage)
