@@ -44,7 +44,7 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
     stage = queue.stage_named("sraven-selected")
     assert queue.sweep_arguments(stage) == [
         "--only",
-        "hyla,softmax",
+        "hyla",
         "--where",
         "train.lr=0.0003",
         "--where",
@@ -56,7 +56,10 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
         "--override",
         "train.eval_every=2500",
     ]
-    assert queue.DEFAULT_STAGES == ("sraven-selected", "authors", "fuzzy", "sraven-rest")
+    # softmax there: seed 0 alone (its seeds 1-2 once that point leads softmax's row)
+    softmax = queue.sweep_arguments(queue.stage_named("sraven-selected-softmax"))
+    assert softmax[:2] == ["--only", "softmax"] and "seed=0" in softmax and list(stage.where[:3]) == softmax[3:8:2]
+    assert queue.DEFAULT_STAGES == ("sraven-selected", "sraven-selected-softmax", "authors", "fuzzy", "sraven-rest")
     with pytest.raises(ValueError, match="unknown stage '2-sraven'; allowed: smoke, throughput, sraven-selected"):
         queue.stage_named("2-sraven")
 
@@ -147,7 +150,7 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
         "ROOT": "records",
         "MINUTES": "9",
         "MAX_STACK": "3",
-        "STAGES": "smoke throughput sraven-selected authors fuzzy sraven-rest",
+        "STAGES": "smoke throughput sraven-selected sraven-selected-softmax authors fuzzy sraven-rest",
     }
     script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
     done = subprocess.run(
@@ -156,13 +159,22 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
     assert done.returncode == 0, done.stderr
     out = done.stdout
     stages = [line.split(":")[0] for line in out.splitlines() if line.startswith("== ")]
-    assert stages == ["== smoke", "== throughput", "== sraven-selected", "== authors", "== fuzzy", "== sraven-rest"]
-    # lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 of rows hyla and softmax: the one stack of each row
-    assert "== sraven-selected: tiny_sraven, 6 of 6 runs to train" in out, out
-    # after smoke and throughput's 5 min, 4 of the first stack's 15.0 min; the other waits for a later call
-    assert "  stack of 3 (softmax, from step 0): 15.0 min at 189 steps/s" in out and "4.0 min of it this call" in out
-    selected = out.split("== sraven-selected")[1].split("== authors")[0]
-    assert "  later calls: 1 more stacks, 3 runs, 15.0 min" in selected, selected
+    assert stages == [
+        "== smoke",
+        "== throughput",
+        "== sraven-selected",
+        "== sraven-selected-softmax",
+        "== authors",
+        "== fuzzy",
+        "== sraven-rest",
+    ]
+    # lr 3e-4, wd 0.3, warmup 1000: HYLA's seeds 0-2, one stack; softmax's seed 0 alone
+    assert "== sraven-selected: tiny_sraven, 3 of 3 runs to train" in out, out
+    assert "== sraven-selected-softmax: tiny_sraven, 1 of 1 runs to train" in out, out
+    # after smoke and throughput's 5 min, 4 of HYLA's stack's 15.0 min; softmax waits for a later call
+    assert "  stack of 3 (hyla, from step 0): 15.0 min at 189 steps/s" in out and "4.0 min of it this call" in out
+    softmax = out.split("== sraven-selected-softmax")[1].split("== authors")[0]
+    assert "  later calls: 1 more stacks, 1 runs, 5.0 min" in softmax, softmax
     assert "!!! stop every CPU run of these records first" in out
     assert out.splitlines()[-1].startswith("projected: ") and out.splitlines()[-1].endswith(
         "the call has 9 (compile not counted)"

@@ -4,8 +4,9 @@
 #   smoke            (when named) a minute of stacks of both tasks (first run on an H100 on 2026-11-27)
 #   throughput       (when named) steps/s against stack size 1, 4, 12, 24 for both tasks, peak memory, and the authors' code's
 #                    updates/s (1 and 3 processes) in the same call -> results/gpu_throughput.{json,md}
-#   sraven-selected  SRAVEN HYLA and softmax at lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 (CPU runs of these
-#                    records must be stopped first, or the records fork: the plan says so loudly)
+#   sraven-selected  SRAVEN HYLA at lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 (CPU runs of these records must be
+#                    stopped first, or the records fork: the plan says so loudly)
+#   sraven-selected-softmax  softmax there, seed 0 (its seeds 1-2 once that point leads softmax's row: #48)
 #   authors          the authors' code at that point: HYLA seeds 0-2 and softmax seed 0 (gpu_sraven_verdict.sh)
 #   fuzzy            the fuzzy-logic Table A1 (hyla sweep table_a1_fuzzy)
 #   sraven-rest      the other SRAVEN rows
@@ -24,8 +25,8 @@
 # the newest checkpoint of each unfinished run, results/paper.md and its plots; RESUME_FROM=that archive
 # unpacks it first, so a later call (or a CPU) continues from it. It prints the runs left.
 #   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
-#   STAGES    the stages to run, in this order (default "sraven-selected authors fuzzy sraven-rest": smoke and
-#             throughput, for stacks, run when named)
+#   STAGES    the stages to run, in this order (default "sraven-selected sraven-selected-softmax authors fuzzy
+#             sraven-rest": smoke and throughput, for stacks, run when named)
 #   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
 #   ROOT      where the records go (default results/sweeps)
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
