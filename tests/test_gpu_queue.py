@@ -87,6 +87,15 @@ def test_the_authors_stage_trains_their_code_at_the_same_point_and_given_flags_w
     assert spelled == ["1e-3", "3e-4", "0.3", "0.1", "1e-5"]
 
 
+def test_authors_flags_command_takes_one_given_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpu_paper.sh passes AUTHORS_EXTRA as ``--given=...``: a single flag there starts with a dash, which
+    ``--given FLAG`` (two words) would read as an option of its own."""
+    assert queue.main(["authors-flags", "--given=--config.lr=0.001"]) == 0
+    assert capsys.readouterr().out.split() == ["--config.weight_decay=0.3", "--config.warmup_steps=1000"]
+    script = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "gpu_paper.sh").read_text()
+    assert 'authors-flags --given="${AUTHORS_EXTRA:-}"' in script
+
+
 def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() -> None:
     assert queue.stack_rate("sraven", 3, {}) == (567.0 / 3, "one lone H100 run, no stacking gain")
     measured = {"sraven": {1: 600.0, 4: 400.0}}
@@ -95,6 +104,24 @@ def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() ->
     assert queue.stack_rate("sraven", 2, measured) == (300.0, "measured stack of 1")
     with pytest.raises(ValueError, match="no GPU rate for task 'text'"):
         queue.stack_rate("text", 1, {})
+
+
+def test_runs_left_are_every_run_not_done_a_started_one_included(tmp_path: Path) -> None:
+    """What gpu_paper.sh archives the checkpoints of and lists as left: ``root/NAME/RUN`` for each run whose
+    final evaluation is not written."""
+    sraven = tiny_sweep(tmp_path, "sraven", steps=8)
+    root = tmp_path / "records"
+    runs = load_sweep(str(sraven)).runs()
+    done, started = (root / "tiny_sraven" / r.name for r in runs[:2])
+    done.mkdir(parents=True)
+    (done / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": 8}}))
+    (done / "metrics.jsonl").write_text(json.dumps({"step": 8, "split": "test", "acc": 0.5}) + "\n")
+    started.mkdir(parents=True)
+    (started / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": 8}}))
+    (started / "metrics.jsonl").write_text(json.dumps({"step": 4, "split": "test", "acc": 0.5}) + "\n")
+    names, left = queue.runs_left(root, {"sraven": str(sraven)})
+    assert names == ["tiny_sraven"] and len(runs) == 12
+    assert left == [root / "tiny_sraven" / r.name for r in runs[1:]]
 
 
 def test_plan_lists_the_stacks_that_fit_the_call_and_sums_the_rest(tmp_path: Path) -> None:

@@ -56,10 +56,19 @@ def test_groups_pool_seeds_and_table_shows_paper_numbers(tmp_path: Path) -> None
     assert sorted(len(g) for g in group_runs([read_run(r) for r in runs]).values()) == [1, 3]
     table = build_report(runs, tmp_path / "out")
     se = f"{100 * 0.1 / math.sqrt(3):.2f}"
-    row = f"| hyla | 3 | 90.00 +- 0.00 | 80.00 +- 0.00 | 70.00 +- {se} | 69.13 +- 1.90 | Table A1: HYLA |"
+    row = f"| hyla | 3 | 20 of 156,250 | 90.00 +- 0.00 | 80.00 +- 0.00 | 70.00 +- {se} | 69.13 +- 1.90 | Table A1: HYLA"
     assert row in table
     assert "| softmax | 1 |" in table and "56.56 +- 1.05" in table
     assert (tmp_path / "out" / "learning_curves.png").is_file() and (tmp_path / "out" / "report.md").is_file()
+
+
+def test_the_step_column_says_when_the_runs_of_a_mean_have_not_finished(tmp_path: Path) -> None:
+    done = [fake_run(tmp_path, "h", s, 0.6, **{"train.steps": 20}) for s in (0, 1)]
+    assert "| hyla | 2 | 20 | 90.00 +- 0.00 |" in build_report(done, tmp_path / "done")
+    unfinished = fake_run(tmp_path, "h", 2, 0.6, **{"train.steps": 20})
+    rows = [json.loads(line) for line in (unfinished / "metrics.jsonl").read_text().splitlines()]
+    (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] == 10))
+    assert "| hyla | 3 | 10-20 of 20 |" in build_report([*done, unfinished], tmp_path / "mixed")
 
 
 def test_report_lists_every_evaluation_of_every_run(tmp_path: Path) -> None:

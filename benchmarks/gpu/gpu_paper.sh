@@ -128,7 +128,7 @@ throughput() {  # steps/s against stack size, peak memory, and the authors' code
 
 authors() {  # their driver at the selected point (the queue's SELECTED), beside our sraven-selected runs
   local point logs
-  point=$("$py" -m hyla.sweep.queue authors-flags --given "${AUTHORS_EXTRA:-}") || return 1
+  point=$("$py" -m hyla.sweep.queue authors-flags --given="${AUTHORS_EXTRA:-}") || return 1
   logs=$("$py" -m hyla.sweep.queue authors-logs) || return 1
   AUTHORS_SEEDS=${AUTHORS_STAGE_SEEDS:-hyla/0 hyla/1 hyla/2 softmax/0} AUTHORS_MINUTES=${AUTHORS_MINUTES:-3} STAGES=none \
     MINUTES=$(awk "BEGIN { print $(left_s) / 60 }") AUTHORS_LOGS="$logs" \
@@ -148,12 +148,12 @@ for name in $stages; do
     *) sweep_stage "$name" ;;
   esac
 done
-left=$( { "$py" -m hyla sweep "$fuzzy" --root "$root" --emit-commands "${overrides[@]}";
-          "$py" -m hyla sweep "$sraven" --root "$root" --emit-commands "${overrides[@]}"; } | sed -n 's/.* --out \([^ ]*\) .*/\1/p')
 # the archive: records and final weights of every run, the newest checkpoint of each unfinished one,
 # and the paper report made from them
-read -r -a names < <("$py" -c "import sys; from hyla.train.sweepfile import load_sweep
-print(*(load_sweep(path).name for path in sys.argv[1:]))" "$fuzzy" "$sraven")
+names=() left=""
+while read -r kind value; do
+  case $kind in sweep) names+=("$value") ;; left) left+="$value"$'\n' ;; esac
+done < <("$py" -m hyla.sweep.queue left --root "$root" --fuzzy "$fuzzy" --sraven "$sraven")
 paper_out=${PAPER_OUT:-results}
 paper=()
 if [ "${REPORT:-1}" = 1 ] && "$py" -m hyla report --paper "$fuzzy" "$sraven" --sweep-root "$root" --out "$paper_out" \

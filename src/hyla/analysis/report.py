@@ -131,11 +131,12 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
                 cells.append("-")
         ref = paper_reference(cfg)
         cells += [f"{ref[0]:.2f} +- {ref[1]:.2f}", str(paper_row(cfg))] if ref else ["-", "-"]
-        rows.append(f"| {entry['label']} | {len(members)} | " + " | ".join(cells) + " |")
+        at = evaluated_at(members, splits[0])
+        rows.append(f"| {entry['label']} | {len(members)} | {at} | " + " | ".join(cells) + " |")
         summary.append(entry)
     titles = " | ".join(title for _s, _m, title in columns)
-    header = f"| configuration | seeds | {titles} | paper OOD (%) | paper row |"
-    table = "\n".join([header, "|" + "---|" * (len(columns) + 4), *rows])
+    header = f"| configuration | seeds | step | {titles} | paper OOD (%) | paper row |"
+    table = "\n".join([header, "|" + "---|" * (len(columns) + 5), *rows])
 
     learning_curves(
         runs,
@@ -156,8 +157,9 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
             sweep_plot(series, xlabel, f"OOD {unit} (%)", out / name)
             figures.append(name)
     sections = [
-        f"# hyla report\n\nRuns: {len(runs)} in {len(groups)} configuration(s); final evaluation of each "
-        f"run, mean +- s.e. over seeds (s.e. = sample std / sqrt(n); 0 for one seed). Paper: Table A1 "
+        f"# hyla report\n\nRuns: {len(runs)} in {len(groups)} configuration(s); the latest evaluation of "
+        f"each run (step: where it was made, of the run's train.steps when a run has not finished), mean +- s.e. "
+        f"over seeds (s.e. = sample std / sqrt(n); 0 for one seed). Paper: Table A1 "
         f"(mean +- s.e., 3 seeds) where the configuration matches it.\n\n{table}\n",
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
@@ -171,6 +173,15 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
     sections.append("Run directories:\n\n" + "\n".join(f"- `{r.path}`" for r in runs) + "\n")
     (out / "report.md").write_text("\n".join(sections))
     return table
+
+
+def evaluated_at(members: list[RunRecord], split: str) -> str:
+    """The step of the members' latest ``split`` evaluation: ``156,250`` when every run reached its
+    ``train.steps``, else ``105,000-156,250 of 156,250`` (a mean over runs at different steps says so)."""
+    steps = sorted({r.final(split)["step"] for r in members if r.final(split)})
+    planned = max(int(r.config["train"]["steps"]) for r in members)
+    span = f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}-{steps[-1]:,}"
+    return span if steps == [planned] else f"{span} of {planned:,}"
 
 
 def every_evaluation(runs: list[RunRecord], splits: list[str], metric: str) -> str:

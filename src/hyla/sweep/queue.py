@@ -6,14 +6,15 @@ Stages, in order: ``smoke`` (a minute of stacks on a GPU, until stacks have been
 ``throughput`` (steps/s against stack size, peak memory and the authors' updates/s in the same call, until
 ``results/gpu_throughput.json`` exists), ``sraven-selected`` (SRAVEN HYLA at the selected point, lr 3e-4,
 wd 0.3, warmup 1000, seeds 0-2), ``sraven-selected-softmax`` (softmax there, seed 0), ``authors`` (their code at
-that point), ``fuzzy`` (Table A1, fuzzy
-logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the older drivers: ``sraven-hyla`` and
-``sraven-main``. The stacks are the one planner's (:func:`hyla.sweep.groups.plan_sweep`); the minutes are
-:func:`hyla.sweep.estimate.seconds_left` at the measured rates.
+that point), ``fuzzy`` (Table A1, fuzzy logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the
+older drivers: ``sraven-hyla`` and ``sraven-main``. The stacks are the one planner's
+(:func:`hyla.sweep.groups.plan_sweep`); the minutes are :func:`hyla.sweep.estimate.seconds_left` at the measured
+rates.
 
     python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE] [--max-stack R]
     python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
     python -m hyla.sweep.queue check STAGE... # exit 2 naming the first unknown stage
+    python -m hyla.sweep.queue left [--root R] [--fuzzy F] [--sraven S]  # the sweeps' names, their runs not done
     python -m hyla.sweep.queue authors-flags [--given FLAGS] | authors-logs   # the authors stage's point
 """
 
@@ -46,12 +47,17 @@ AUTHORS_FLAGS = {
 }
 
 
+def _selected_values() -> dict[str, str]:
+    """SELECTED_POINT as ``{key: value}`` (one value each: a point, not a grid)."""
+    return {key: values[0] for key, values in parse_where(list(SELECTED_POINT)).items()}
+
+
 def authors_flags(given: str = "") -> list[str]:
     """The authors' driver flags of the selected point (``--config.lr=0.0003``, ...), less the keys that the
     flags ``given`` already set: their flag parser refuses a key given twice, so ``given`` wins."""
     named = {flag.split("=", 1)[0] for flag in given.split()}
-    point = parse_where(list(SELECTED))
-    return [f"{flag}={point[key][0]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
+    point = _selected_values()
+    return [f"{flag}={point[key]}" for key, flag in AUTHORS_FLAGS.items() if flag not in named]
 
 
 def _short(value: str) -> str:
@@ -64,8 +70,8 @@ def _short(value: str) -> str:
 def authors_logs() -> str:
     """Where the ``authors`` stage writes their logs: one folder per selected point,
     ``results/gpu_sraven_verdict/authors_lr3e-4_wd0.3`` for SELECTED."""
-    point = parse_where(list(SELECTED))
-    lr, wd = (_short(point[key][0]) for key in ("train.lr", "train.weight_decay"))
+    point = _selected_values()
+    lr, wd = (_short(point[key]) for key in ("train.lr", "train.weight_decay"))
     return f"results/gpu_sraven_verdict/authors_lr{lr}_wd{wd}"
 
 
@@ -243,17 +249,29 @@ def plan(
     return lines
 
 
+def runs_left(root: Path, sweeps: dict[str, str]) -> tuple[list[str], list[Path]]:
+    """The sweeps' names and the folders of their runs not done yet (``root/NAME/RUN``), in sweep order."""
+    names, left = [], []
+    for file in sweeps.values():
+        sweep = load_sweep(file)
+        names.append(sweep.name)
+        left += [root / sweep.name / s.name for s in sweep.runs() if run_state(root / sweep.name / s.name) != "done"]
+    return names, left
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hyla.sweep.queue", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     pl = sub.add_parser("plan", help="print the next call's stacks, runs and projected minutes")
     pl.add_argument("--minutes", type=float, default=9.0, help="the call's budget (default 9)")
     pl.add_argument("--stages", default=" ".join(DEFAULT_STAGES), help="space-separated stage names, in order")
-    pl.add_argument("--root", default=str(RECORD_ROOT), help="where the sweep records are (default results/sweeps)")
-    pl.add_argument("--fuzzy", default="table_a1_fuzzy", help="the fuzzy-logic sweep file")
-    pl.add_argument("--sraven", default="table_a1_sraven", help="the SRAVEN sweep file")
     pl.add_argument("--rates", default=str(RATES_FILE), help=f"measured GPU rates (default {RATES_FILE})")
     pl.add_argument("--max-stack", type=int, default=SWEEP_MAX_STACK, help="as hyla sweep's --max-stack")
+    le = sub.add_parser("left", help="'sweep NAME' for each sweep, then 'left FOLDER' for each run not done")
+    for sp in (pl, le):
+        sp.add_argument("--root", default=str(RECORD_ROOT), help="where the sweep records are (default results/sweeps)")
+        sp.add_argument("--fuzzy", default="table_a1_fuzzy", help="the fuzzy-logic sweep file")
+        sp.add_argument("--sraven", default="table_a1_sraven", help="the SRAVEN sweep file")
     ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
     ar.add_argument("stage")
     ch = sub.add_parser("check", help="exit 2 naming the first unknown stage (one process for all of them)")
@@ -272,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "check":
             for name in args.stages:
                 stage_named(name)
+            return 0
+        if args.what == "left":
+            names, left = runs_left(Path(args.root), {"fuzzy": args.fuzzy, "sraven": args.sraven})
+            print("\n".join([*(f"sweep {name}" for name in names), *(f"left {path}" for path in left)]))
             return 0
         if args.what == "args":
             stage = stage_named(args.stage)
