@@ -69,6 +69,9 @@ def test_the_step_column_says_when_the_runs_of_a_mean_have_not_finished(tmp_path
     rows = [json.loads(line) for line in (unfinished / "metrics.jsonl").read_text().splitlines()]
     (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] == 10))
     assert "| hyla | 3 | 10-20 of 20 |" in build_report([*done, unfinished], tmp_path / "mixed")
+    fresh = fake_run(tmp_path, "s", 0, 0.5, **{"model.attention": "softmax", "train.steps": 20})
+    (fresh / "metrics.jsonl").write_text("")  # started, no evaluation yet: its row says so, no crash
+    assert "| softmax | 1 | - | - |" in build_report([*done, fresh], tmp_path / "fresh")
 
 
 def test_report_lists_every_evaluation_of_every_run(tmp_path: Path) -> None:
