@@ -751,24 +751,25 @@ def test_a_sweep_trains_each_run_alone_unless_told(tmp_path: Path, capsys: pytes
         plan_groups(cfgs, max_stack=0)
 
 
-def test_the_run_nearest_its_end_trains_first(tmp_path: Path) -> None:
+def test_the_run_nearest_its_end_trains_first_and_a_done_one_not_at_all(tmp_path: Path) -> None:
     """Under a time budget the group with the fewest steps left goes first (ties in sweep order), so a run near
-    its end finishes instead of waiting behind new ones."""
-    from hyla.sweep.groups import plan_sweep
+    its end finishes instead of waiting behind new ones; a finished run is left out of the plan."""
+    from hyla.sweep.groups import plan_sweep, states_and_pending
     from hyla.train.loop import Trainer
 
-    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2])
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2, 3])
     sweep = load_sweep(str(path))
     root = tmp_path / "r" / sweep.name
-    trainer = Trainer(sweep.configs["hyla-seed2"], root / "hyla-seed2", quiet=True)
-    trainer.stop_at_step = 4
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    specs = sweep.runs()
-    states = {s.name: run_state(root / s.name) for s in specs}
-    assert states == {"hyla-seed0": "new", "hyla-seed1": "new", "hyla-seed2": "stopped"}
-    groups = plan_sweep(specs, sweep.configs, states, root)
-    assert [[s.name for s in g.specs] for g in groups] == [["hyla-seed2"], ["hyla-seed0", "hyla-seed1"]]
+    for name, stop_at in (("hyla-seed3", 4), ("hyla-seed1", None)):
+        trainer = Trainer(sweep.configs[name], root / name, quiet=True)
+        trainer.stop_at_step = stop_at
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    states, pending = states_and_pending(sweep.runs(), root)
+    assert states == {"hyla-seed0": "new", "hyla-seed1": "done", "hyla-seed2": "new", "hyla-seed3": "stopped"}
+    assert [s.name for s in pending] == ["hyla-seed0", "hyla-seed2", "hyla-seed3"]
+    groups = plan_sweep(pending, sweep.configs, states, root)
+    assert [[s.name for s in g.specs] for g in groups] == [["hyla-seed3"], ["hyla-seed0", "hyla-seed2"]]
     assert [g.resume for g in groups] == [True, False]

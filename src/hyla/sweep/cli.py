@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from hyla.sweep.estimate import dry_run
-from hyla.sweep.groups import plan_sweep
+from hyla.sweep.groups import plan_sweep, states_and_pending
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
 from hyla.train.plan import SWEEP_MAX_STACK
-from hyla.train.rundir import run_state
 from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_slurm, load_sweep
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
@@ -86,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sweep, specs = selected_runs(args)
         root = Path(args.root) / sweep.name
-        states = {s.name: run_state(root / s.name) for s in specs}  # reads the records: they may be damaged
-        pending = [s for s in specs if states[s.name] != "done"]
+        states, pending = states_and_pending(specs, root)
         if args.emit_commands:
             for s in pending:
                 print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))

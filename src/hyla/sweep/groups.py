@@ -26,7 +26,7 @@ from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import ExperimentConfig
 from hyla.train.plan import engine_for, plan_groups
-from hyla.train.rundir import finish_piece_record, read_pieces, start_piece_record
+from hyla.train.rundir import finish_piece_record, read_pieces, run_state, start_piece_record
 from hyla.train.sweepfile import RunSpec
 
 #: the checkout this code runs from (this file is its src/hyla/sweep/groups.py), whose commit a piece records
@@ -44,6 +44,14 @@ class Group:
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
+
+
+def states_and_pending(specs: list[RunSpec], root: Path) -> tuple[dict[str, str], list[RunSpec]]:
+    """Each run's state by name (:func:`hyla.train.rundir.run_state` of ``root/NAME``: ``done``, ``stopped`` or
+    ``new``) and the runs not done, in ``specs``' order. Reads the records, which may be damaged
+    (:class:`hyla.train.checkpoint.CheckpointError`)."""
+    states = {s.name: run_state(root / s.name) for s in specs}
+    return states, [s for s in specs if states[s.name] != "done"]
 
 
 def plan_sweep(

@@ -6,9 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hyla.sweep.groups import Group, plan_sweep
+from hyla.sweep.groups import Group, plan_sweep, states_and_pending
 from hyla.sweep.workers import train_groups
-from hyla.train.rundir import run_state
 from hyla.train.sweepfile import Sweep, load_sweep
 
 
@@ -71,8 +70,7 @@ class GroupJob:
         sweep = load_sweep(self.sweep_path)
         sweep.override(self.extra)
         out_root = Path(self.root)
-        states = {s.name: run_state(out_root / s.name) for s in sweep.runs() if s.name in run_names}
-        specs = [s for s in sweep.runs() if s.name in states and states[s.name] != "done"]
+        states, specs = states_and_pending([s for s in sweep.runs() if s.name in run_names], out_root)
         groups = plan_sweep(specs, sweep.configs, states, out_root)
         return train_groups(groups, out_root, device=self.device) if specs else []
 

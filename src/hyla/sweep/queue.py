@@ -28,11 +28,11 @@ from pathlib import Path
 
 from hyla.sweep.cli import parse_where
 from hyla.sweep.estimate import seconds_left
-from hyla.sweep.groups import plan_sweep
+from hyla.sweep.groups import plan_sweep, states_and_pending
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import ExperimentConfig
 from hyla.train.plan import SWEEP_MAX_STACK
-from hyla.train.rundir import read_pieces, run_state
+from hyla.train.rundir import read_pieces
 from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
 #: the selected SRAVEN point (results/paper_findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
@@ -217,8 +217,7 @@ def plan(
         sweep = load_sweep(sweeps[stage.sweep])
         specs = sweep.runs(list(stage.only) or None, parse_where(list(stage.where)))
         sweep_root = root / sweep.name
-        states = {s.name: run_state(sweep_root / s.name) for s in specs}
-        pending = [s for s in specs if states[s.name] != "done"]
+        states, pending = states_and_pending(specs, sweep_root)
         lines.append(f"== {name}: {sweep.name}, {len(pending)} of {len(specs)} runs to train")
         if name.startswith("sraven-selected") and pending:
             lines.append(
@@ -255,7 +254,7 @@ def runs_left(root: Path, sweeps: dict[str, str]) -> tuple[list[str], list[Path]
     for file in sweeps.values():
         sweep = load_sweep(file)
         names.append(sweep.name)
-        left += [root / sweep.name / s.name for s in sweep.runs() if run_state(root / sweep.name / s.name) != "done"]
+        left += [root / sweep.name / s.name for s in states_and_pending(sweep.runs(), root / sweep.name)[1]]
     return names, left
 
 
