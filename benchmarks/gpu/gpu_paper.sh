@@ -74,8 +74,8 @@ if [ -n "$cache" ]; then
   mkdir -p "$cache"
   export TORCHINDUCTOR_CACHE_DIR=$PWD/$cache/inductor TRITON_CACHE_DIR=$PWD/$cache/triton
 fi
-# train.fast on every device: on a CPU (the test) torch.compile stands in for the CUDA graph, so the test
-# runs what a GPU call runs (dropout included)
+# train.fast on every device: on a CPU torch.compile stands in for the CUDA graph (dropout included); the
+# script's CPU test turns it off with EXTRA (compiling on a CPU has tests of its own)
 overrides=(--override train.fast=true)
 # and on CUDA the whole step as one graph: one SRAVEN run trained 567 steps/s on an H100 with it, 33 without
 # (results/gpu_queue/2026-11-27); a CPU refuses it

@@ -178,7 +178,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
 def evaluated_at(members: list[RunRecord], split: str) -> str:
     """The step of the members' latest ``split`` evaluation: ``156,250`` when every run reached its
     ``train.steps``, else ``105,000-156,250 of 156,250`` (a mean over runs at different steps says so)."""
-    steps = sorted({r.final(split)["step"] for r in members if r.final(split)})
+    steps = sorted({last["step"] for r in members if (last := r.final(split))})
     if not steps:  # a configuration whose runs have not reached their first evaluation yet
         return "-"
     planned = max(int(r.config["train"]["steps"]) for r in members)

@@ -35,15 +35,20 @@ SOURCE_ROOT = Path(__file__).resolve().parents[3]
 
 @dataclass(frozen=True)
 class Group:
-    """Runs that train together (a stack, or a lone run), their loaded configs, and whether they resume."""
+    """Runs that train together (a stack, or a lone run), their loaded configs, and the step of the checkpoint
+    they resume from (``None``: they start from scratch)."""
 
     specs: tuple[RunSpec, ...]
     cfgs: tuple[ExperimentConfig, ...]
-    resume: bool
+    resume_from: int | None
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
+
+    @property
+    def resume(self) -> bool:
+        return self.resume_from is not None
 
 
 def states_and_pending(specs: list[RunSpec], root: Path) -> tuple[dict[str, str], list[RunSpec]]:
@@ -69,7 +74,7 @@ def plan_sweep(
     resume_from = [checkpoint_step(root / s.name) if states[s.name] == "stopped" else None for s in specs]
     groups = plan_groups(cfgs, resume_from, max_stack)
     groups.sort(key=lambda g: cfgs[g[0]].train.steps - (resume_from[g[0]] or 0))
-    return [Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]] is not None) for g in groups]
+    return [Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]]) for g in groups]
 
 
 def provenance(device: str) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from pathlib import Path
 from hyla.sweep.cli import parse_where
 from hyla.sweep.estimate import seconds_left
 from hyla.sweep.groups import plan_sweep, states_and_pending
-from hyla.train.checkpoint import checkpoint_step
 from hyla.train.config import ExperimentConfig
 from hyla.train.plan import SWEEP_MAX_STACK
 from hyla.train.rundir import read_pieces
@@ -228,8 +227,8 @@ def plan(
             lines.append(warning)
         later = [0, 0, 0.0]  # stacks, runs and minutes after this call: one line for them all
         for group in plan_sweep(pending, sweep.configs, states, sweep_root, max_stack=max_stack):
-            step = checkpoint_step(sweep_root / group.names[0]) if group.resume else 0
-            seconds = stack_seconds(list(group.cfgs), step or 0, rates)
+            step = group.resume_from or 0
+            seconds = stack_seconds(list(group.cfgs), step, rates)
             left = max(minutes - used, 0.0)
             used += seconds / 60
             if not left:
@@ -238,7 +237,7 @@ def plan(
             rate, why = stack_rate(group.cfgs[0].data.task, len(group.cfgs), rates)
             fits = "fits" if seconds / 60 <= left else f"{left:.1f} min of it this call"
             lines.append(
-                f"  stack of {len(group.names)} ({group.cfgs[0].model.attention}, from step {step or 0}): "
+                f"  stack of {len(group.names)} ({group.cfgs[0].model.attention}, from step {step}): "
                 f"{seconds / 60:.1f} min at {rate:.0f} steps/s ({why}); {fits}"
             )
             lines.append(f"    {', '.join(group.names)}")
