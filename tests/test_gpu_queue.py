@@ -59,7 +59,14 @@ def test_the_stage_table_names_the_selected_sraven_point_and_refuses_unknown_sta
     # softmax there: seed 0 alone (its seeds 1-2 once that point leads softmax's row)
     softmax = queue.sweep_arguments(queue.stage_named("sraven-selected-softmax"))
     assert softmax[:2] == ["--only", "softmax"] and "seed=0" in softmax and list(stage.where[:3]) == softmax[3:8:2]
-    assert queue.DEFAULT_STAGES == ("sraven-selected", "sraven-selected-softmax", "authors", "fuzzy", "sraven-rest")
+    assert queue.DEFAULT_STAGES == (
+        "sraven-selected",
+        "sraven-selected-softmax",
+        "sraven-softmax-chosen",
+        "authors",
+        "fuzzy",
+        "sraven-rest",
+    )
     with pytest.raises(ValueError, match="unknown stage '2-sraven'; allowed: smoke, throughput, sraven-selected"):
         queue.stage_named("2-sraven")
 
@@ -104,6 +111,57 @@ def test_stack_rates_come_from_the_largest_measured_stack_else_the_lone_run() ->
     assert queue.stack_rate("sraven", 2, measured) == (300.0, "measured stack of 1")
     with pytest.raises(ValueError, match="no GPU rate for task 'text'"):
         queue.stack_rate("text", 1, {})
+
+
+def finished_record(run: Path, steps: int, test: float, ood: float) -> None:
+    """A finished run's record as the report reads it: its schedule's length and its final evaluations."""
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps}}))
+    rows = [{"step": steps, "split": split, "acc": acc} for split, acc in (("test", test), ("ood", ood))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_softmax_seeds_go_where_its_seed_0_runs_score_best_in_distribution(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stage sraven-softmax-chosen waits until softmax at the selected point (seed 0) is finished, then
+    trains softmax's seeds 0-2 at the point whose finished seed-0 run has the best test accuracy (never OOD;
+    a point with more finished seeds does not win on their number)."""
+    sraven = tiny_sweep(tmp_path, "sraven", steps=8, warmups=(1000, 3000))
+    root, sweeps = tmp_path / "records", {"sraven": str(sraven)}
+    sweep = load_sweep(str(sraven))
+
+    def run(lr: str, seed: int) -> Path:
+        (spec,) = sweep.runs(["softmax"], {"train.lr": [lr], "train.warmup_steps": ["1000"], "seed": [str(seed)]})
+        return root / sweep.name / spec.name
+
+    stage = queue.stage_named("sraven-softmax-chosen")
+    args = ["args", "sraven-softmax-chosen", "--root", str(root), "--sraven", str(sraven)]
+    # lr 1e-3 has two finished seeds and the best OOD; the selected point (lr 3e-4) has not finished seed 0
+    finished_record(run("0.001", 0), 8, test=0.50, ood=0.90)
+    finished_record(run("0.001", 1), 8, test=0.50, ood=0.90)
+    assert queue.main(args) == 3
+    waits = f"softmax at the selected point ({run('0.0003', 0).name}) is not finished yet"
+    assert capsys.readouterr().out == f"stage sraven-softmax-chosen waits: {waits}\n"
+    plan = queue.plan(["sraven-softmax-chosen"], 9.0, root, sweeps, tmp_path / "none.json")
+    assert plan[1] == f"== sraven-softmax-chosen: waits: {waits}", plan
+    # finished, ahead in distribution: seeds 1 and 2 there
+    finished_record(run("0.0003", 0), 8, test=0.60, ood=0.10)
+    where = queue.stage_where(stage, root, sweeps)
+    assert where == ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000", "seed=0,1,2")
+    assert queue.main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["sraven", *queue.sweep_arguments(stage, where)] and out[1:3] == ["--only", "softmax"]
+    plan = queue.plan(["sraven-softmax-chosen"], 9.0, root, sweeps, tmp_path / "none.json")
+    assert plan[1] == "== sraven-softmax-chosen: tiny_sraven, 2 of 3 runs to train", plan
+    # behind in distribution (though ahead out of it): lr 1e-3's seed 2 is the one left
+    (run("0.0003", 0) / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": 8, "split": s, "acc": a}) + "\n" for s, a in (("test", 0.4), ("ood", 0.95)))
+    )
+    assert queue.stage_where(stage, root, sweeps)[0] == "train.lr=0.001"
+    plan = queue.plan(["sraven-softmax-chosen"], 9.0, root, sweeps, tmp_path / "none.json")
+    assert plan[1] == "== sraven-softmax-chosen: tiny_sraven, 1 of 3 runs to train", plan
+    assert plan[-2].strip() == run("0.001", 2).name, plan
 
 
 def test_runs_left_are_every_run_not_done_a_started_one_included(tmp_path: Path) -> None:
@@ -177,7 +235,7 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
         "ROOT": "records",
         "MINUTES": "9",
         "MAX_STACK": "3",
-        "STAGES": "smoke throughput sraven-selected sraven-selected-softmax authors fuzzy sraven-rest",
+        "STAGES": " ".join(["smoke", "throughput", *queue.DEFAULT_STAGES]),
     }
     script = ["bash", str(REPO / "benchmarks" / "gpu" / "gpu_paper.sh")]
     done = subprocess.run(
@@ -191,6 +249,7 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
         "== throughput",
         "== sraven-selected",
         "== sraven-selected-softmax",
+        "== sraven-softmax-chosen",
         "== authors",
         "== fuzzy",
         "== sraven-rest",
@@ -200,8 +259,9 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
     assert "== sraven-selected-softmax: tiny_sraven, 1 of 1 runs to train" in out, out
     # after smoke and throughput's 5 min, 4 of HYLA's stack's 15.0 min; softmax waits for a later call
     assert "  stack of 3 (hyla, from step 0): 15.0 min at 189 steps/s" in out and "4.0 min of it this call" in out
-    softmax = out.split("== sraven-selected-softmax")[1].split("== authors")[0]
+    softmax = out.split("== sraven-selected-softmax")[1].split("== sraven-softmax-chosen")[0]
     assert "  later calls: 1 more stacks, 1 runs, 5.0 min" in softmax, softmax
+    assert "== sraven-softmax-chosen: waits: softmax at the selected point" in out  # its seed 0 is not trained
     assert "!!! stop every CPU run of these records first" in out
     assert out.splitlines()[-1].startswith("projected: ") and out.splitlines()[-1].endswith(
         "the call has 9 (compile not counted)"

@@ -6,7 +6,9 @@
 #                    updates/s (1 and 3 processes) in the same call -> results/gpu_throughput.{json,md}
 #   sraven-selected  SRAVEN HYLA at lr 3e-4, wd 0.3, warmup 1000, seeds 0-2 (CPU runs of these records must be
 #                    stopped first, or the records fork: the plan says so loudly)
-#   sraven-selected-softmax  softmax there, seed 0 (its seeds 1-2 once that point leads softmax's row: #48)
+#   sraven-selected-softmax  softmax there, seed 0
+#   sraven-softmax-chosen    softmax's seeds 0-2 at the grid point where its row's seed-0 runs score best in
+#                    distribution (the report's rule), once the one above is finished (#48)
 #   authors          the authors' code at that point: HYLA seeds 0-2 and softmax seed 0 (gpu_sraven_verdict.sh)
 #   fuzzy            the fuzzy-logic Table A1 (hyla sweep table_a1_fuzzy)
 #   sraven-rest      the other SRAVEN rows
@@ -25,8 +27,8 @@
 # the newest checkpoint of each unfinished run, results/paper.md and its plots; RESUME_FROM=that archive
 # unpacks it first, so a later call (or a CPU) continues from it. It prints the runs left.
 #   MINUTES   budget of this call (default 9)         DEVICE  cuda (default) | cpu (the CPU test)
-#   STAGES    the stages to run, in this order (default "sraven-selected sraven-selected-softmax authors fuzzy
-#             sraven-rest": smoke and throughput, for stacks, run when named)
+#   STAGES    the stages to run, in this order (default "sraven-selected sraven-selected-softmax
+#             sraven-softmax-chosen authors fuzzy sraven-rest": smoke and throughput, for stacks, run when named)
 #   EXTRA     more overrides for every run, e.g. "train.graph_step=true"
 #   ROOT      where the records go (default results/sweeps)
 #   FUZZY, SRAVEN   the sweep files (default table_a1_fuzzy, table_a1_sraven; the test uses tiny ones)
@@ -85,8 +87,11 @@ start=$(date +%s)
 left_s() { echo $(( budget_s - ($(date +%s) - start) )); }
 
 sweep_stage() {  # sweep_stage NAME: the stage's sweep, rows and filters from the queue's table
-  local name=$1 args file
-  mapfile -t args < <("$py" -m hyla.sweep.queue args "$name")
+  local name=$1 args file out rc=0
+  out=$("$py" -m hyla.sweep.queue args "$name" --root "$root" --fuzzy "$fuzzy" --sraven "$sraven") || rc=$?
+  if [ "$rc" = 3 ]; then echo "$out"; return 0; fi  # its grid point is not chosen yet: nothing to train
+  [ "$rc" = 0 ] || return "$rc"
+  mapfile -t args <<< "$out"
   case ${args[0]} in fuzzy) file=$fuzzy ;; sraven) file=$sraven ;; esac
   sweep() {
     "$py" -m hyla sweep "$file" "${args[@]:1}" --device "$device" --root "$root" \

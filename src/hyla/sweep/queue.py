@@ -5,14 +5,16 @@ last measured GPU rates, printed without a GPU.
 Stages, in order: ``smoke`` (a minute of stacks on a GPU, until stacks have been measured there),
 ``throughput`` (steps/s against stack size, peak memory and the authors' updates/s in the same call, until
 ``results/gpu_throughput.json`` exists), ``sraven-selected`` (SRAVEN HYLA at the selected point, lr 3e-4,
-wd 0.3, warmup 1000, seeds 0-2), ``sraven-selected-softmax`` (softmax there, seed 0), ``authors`` (their code at
-that point), ``fuzzy`` (Table A1, fuzzy logic) and ``sraven-rest`` (the other SRAVEN runs). Two more for the
-older drivers: ``sraven-hyla`` and ``sraven-main``. The stacks are the one planner's
-(:func:`hyla.sweep.groups.plan_sweep`); the minutes are :func:`hyla.sweep.estimate.seconds_left` at the measured
-rates.
+wd 0.3, warmup 1000, seeds 0-2), ``sraven-selected-softmax`` (softmax there, seed 0), ``sraven-softmax-chosen``
+(softmax's seeds 0-2 at the grid point its row's seed-0 runs choose, once the one at the selected point is
+finished), ``authors`` (their code at the selected point), ``fuzzy`` (Table A1, fuzzy logic) and
+``sraven-rest`` (the other SRAVEN runs). Two more for the older drivers: ``sraven-hyla`` and ``sraven-main``.
+The stacks are the one planner's (:func:`hyla.sweep.groups.plan_sweep`); the minutes are
+:func:`hyla.sweep.estimate.seconds_left` at the measured rates.
 
     python -m hyla.sweep.queue plan [--minutes 9] [--stages ...] [--root results/sweeps] [--rates FILE] [--max-stack R]
-    python -m hyla.sweep.queue args STAGE     # the stage's `hyla sweep` arguments, one a line
+    python -m hyla.sweep.queue args STAGE [--root R] [--sraven S]  # the stage's `hyla sweep` arguments, one a
+                                              # line; exit 3 with the reason when its point is not chosen yet
     python -m hyla.sweep.queue check STAGE... # exit 2 naming the first unknown stage
     python -m hyla.sweep.queue left [--root R] [--fuzzy F] [--sraven S]  # the sweeps' names, their runs not done
     python -m hyla.sweep.queue authors-flags [--given FLAGS] | authors-logs   # the authors stage's point
@@ -21,17 +23,19 @@ rates.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hyla.analysis.paper_report import sweep_results
 from hyla.sweep.cli import parse_where
 from hyla.sweep.estimate import seconds_left
 from hyla.sweep.groups import plan_sweep, states_and_pending
 from hyla.train.config import ExperimentConfig
 from hyla.train.plan import SWEEP_MAX_STACK
-from hyla.train.rundir import read_pieces
+from hyla.train.rundir import read_pieces, run_state
 from hyla.train.sweepfile import RECORD_ROOT, load_sweep
 
 #: the selected SRAVEN point (results/paper_findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
@@ -86,6 +90,13 @@ class Stage:
     minutes: float = 0.0
     what: str = ""
     overrides: tuple[str, ...] = ()
+    #: at the grid point its one row's seed-0 runs choose (:func:`chosen_point`) rather than a fixed one;
+    #: ``where`` then holds only the seeds
+    at_chosen_point: bool = False
+
+
+class NotChosenYet(Exception):
+    """A stage at the chosen point whose point cannot be chosen yet (the message says why)."""
 
 
 STAGES = (
@@ -106,6 +117,9 @@ STAGES = (
         (*SELECTED_POINT, "seed=0"),
         overrides=("train.eval_every=2500",),
     ),
+    # the headline compares rows at their chosen points over three seeds each: softmax's seeds go where its
+    # seed-0 runs point (lr 1e-3 led softmax's row while the selected point's run was at 60,000 updates)
+    Stage("sraven-softmax-chosen", "sraven", ("softmax",), ("seed=0,1,2",), at_chosen_point=True),
     Stage("authors", minutes=0.0, what="the authors' HYLA seeds 0-2 and softmax seed 0 at the selected point"),
     Stage("fuzzy", "fuzzy"),
     Stage("sraven-rest", "sraven"),
@@ -114,7 +128,14 @@ STAGES = (
 )
 #: smoke and throughput run when named: stacks first ran on a GPU on 2026-11-27, slower per run than lone runs,
 #: and sweeps train each run alone (results/gpu_queue/2026-11-27)
-DEFAULT_STAGES = ("sraven-selected", "sraven-selected-softmax", "authors", "fuzzy", "sraven-rest")
+DEFAULT_STAGES = (
+    "sraven-selected",
+    "sraven-selected-softmax",
+    "sraven-softmax-chosen",
+    "authors",
+    "fuzzy",
+    "sraven-rest",
+)
 
 #: one lone run on one H100 with train.fast and train.graph_step (results/gpu_h100.md): steps/s, and the
 #: seconds of a full schedule's evaluations (SRAVEN 0.4 min of 5.0; fuzzy logic 0.68 min in all at 1,747/s)
@@ -131,10 +152,36 @@ def stage_named(name: str) -> Stage:
     raise ValueError(f"unknown stage {name!r}; allowed: {', '.join(s.name for s in STAGES)}")
 
 
-def sweep_arguments(stage: Stage) -> list[str]:
-    """The stage's ``--only``, ``--where`` and ``--override`` arguments of ``hyla sweep`` (after its sweep file)."""
+def chosen_point(sweep_file: str, row: str, root: Path) -> tuple[str, ...]:
+    """``key=value`` of the grid point of ``row`` that the paper report's rule chooses among the row's finished
+    seed-0 runs (records in ``root / NAME``; the rule: in-distribution test accuracy, never OOD,
+    :func:`hyla.analysis.paper_report.sweep_results`). One seed at each point, so no point wins on its number of
+    finished seeds. Raises :class:`NotChosenYet` until the row's run at :data:`SELECTED_POINT`, seed 0, is
+    finished: softmax's seeds 1-2 go to the selected point only if its own seed 0 leads there."""
+    sweep = load_sweep(sweep_file)
+    selected = sweep.runs([row], parse_where([*SELECTED_POINT, "seed=0"]))
+    if any(run_state(root / sweep.name / s.name) != "done" for s in selected):
+        raise NotChosenYet(f"{row} at the selected point ({', '.join(s.name for s in selected)}) is not finished yet")
+    one_seed = dataclasses.replace(sweep, rows={row: sweep.rows[row]}, seeds=[0])
+    (result,) = sweep_results(one_seed, root).rows
+    return tuple(f"{key}={value}" for key, value in result.point)
+
+
+def stage_where(stage: Stage, root: Path, sweeps: dict[str, str]) -> tuple[str, ...]:
+    """The stage's ``--where`` filters: its own, after the chosen point for a stage :attr:`Stage.at_chosen_point`
+    (may raise :class:`NotChosenYet`)."""
+    if not stage.at_chosen_point:
+        return stage.where
+    if stage.sweep is None or len(stage.only) != 1:
+        raise ValueError(f"stage {stage.name}: a chosen point needs a sweep and one row")
+    return (*chosen_point(sweeps[stage.sweep], stage.only[0], root), *stage.where)
+
+
+def sweep_arguments(stage: Stage, where: tuple[str, ...] | None = None) -> list[str]:
+    """The stage's ``--only``, ``--where`` (``where``, else its own) and ``--override`` arguments of ``hyla sweep``
+    (after its sweep file)."""
     out = ["--only", ",".join(stage.only)] if stage.only else []
-    for item in stage.where:
+    for item in stage.where if where is None else where:
         out += ["--where", item]
     for item in stage.overrides:
         out += ["--override", item]
@@ -213,12 +260,17 @@ def plan(
             used += stage.minutes
             lines.append(f"== {name}: {stage.minutes:.1f} min ({stage.what}); {fits}")
             continue
+        try:
+            where = stage_where(stage, root, sweeps)
+        except NotChosenYet as waits:
+            lines.append(f"== {name}: waits: {waits}")
+            continue
         sweep = load_sweep(sweeps[stage.sweep])
-        specs = sweep.runs(list(stage.only) or None, parse_where(list(stage.where)))
+        specs = sweep.runs(list(stage.only) or None, parse_where(list(where)))
         sweep_root = root / sweep.name
         states, pending = states_and_pending(specs, sweep_root)
         lines.append(f"== {name}: {sweep.name}, {len(pending)} of {len(specs)} runs to train")
-        if name.startswith("sraven-selected") and pending:
+        if name.startswith(("sraven-selected", "sraven-softmax-chosen")) and pending:
             lines.append(
                 "!!! stop every CPU run of these records first and commit its newest checkpoint: a GPU piece "
                 "beside a CPU one forks the record"
@@ -266,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--rates", default=str(RATES_FILE), help=f"measured GPU rates (default {RATES_FILE})")
     pl.add_argument("--max-stack", type=int, default=SWEEP_MAX_STACK, help="as hyla sweep's --max-stack")
     le = sub.add_parser("left", help="'sweep NAME' for each sweep, then 'left FOLDER' for each run not done")
-    for sp in (pl, le):
+    ar = sub.add_parser(
+        "args", help="a stage's sweep, then its `hyla sweep` arguments, one a line; exit 3 if its point waits"
+    )
+    ar.add_argument("stage")
+    for sp in (pl, le, ar):
         sp.add_argument("--root", default=str(RECORD_ROOT), help="where the sweep records are (default results/sweeps)")
         sp.add_argument("--fuzzy", default="table_a1_fuzzy", help="the fuzzy-logic sweep file")
         sp.add_argument("--sraven", default="table_a1_sraven", help="the SRAVEN sweep file")
-    ar = sub.add_parser("args", help="a stage's `hyla sweep` arguments, one a line (none for other stages)")
-    ar.add_argument("stage")
     ch = sub.add_parser("check", help="exit 2 naming the first unknown stage (one process for all of them)")
     ch.add_argument("stages", nargs="*")
     au = sub.add_parser("authors-flags", help="the authors' driver flags of the selected point, one line")
@@ -295,7 +349,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.what == "args":
             stage = stage_named(args.stage)
-            print("\n".join([stage.sweep or "-", *sweep_arguments(stage)]))
+            try:
+                where = stage_where(stage, Path(args.root), {"fuzzy": args.fuzzy, "sraven": args.sraven})
+            except NotChosenYet as waits:
+                print(f"stage {stage.name} waits: {waits}")
+                return 3
+            print("\n".join([stage.sweep or "-", *sweep_arguments(stage, where)]))
             return 0
         if not args.minutes > 0:
             raise ValueError(f"--minutes must be > 0, got {args.minutes}")
