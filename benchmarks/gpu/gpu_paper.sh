@@ -90,7 +90,8 @@ sweep_stage() {  # sweep_stage NAME: the stage's sweep, rows and filters from th
   local name=$1 args file out rc=0
   out=$("$py" -m hyla.sweep.queue args "$name" --root "$root" --fuzzy "$fuzzy" --sraven "$sraven") || rc=$?
   if [ "$rc" = 3 ]; then echo "$out"; return 0; fi  # its grid point is not chosen yet: nothing to train
-  [ "$rc" = 0 ] || return "$rc"
+  # a stage that cannot say what to train must not cost the call's archive: the queue goes on
+  if [ "$rc" != 0 ]; then echo "stage $name: no arguments (above); the queue goes on"; return 0; fi
   mapfile -t args <<< "$out"
   case ${args[0]} in fuzzy) file=$fuzzy ;; sraven) file=$sraven ;; esac
   sweep() {
