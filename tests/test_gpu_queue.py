@@ -144,7 +144,7 @@ def test_softmax_seeds_go_where_its_seed_0_runs_score_best_in_distribution(
     assert plan[1] == f"== sraven-softmax-chosen: waits: {waits}", plan
     # finished, ahead in distribution: seeds 1 and 2 there
     finished_record(run("0.0003", 0), 8, test=0.60, ood=0.10)
-    where = queue.stage_where(stage, root, sweeps)
+    where = queue.stage_where(stage, root, sweep)
     assert where == ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000", "seed=0,1,2")
     assert queue.main(args) == 0
     out = capsys.readouterr().out.splitlines()
@@ -155,7 +155,7 @@ def test_softmax_seeds_go_where_its_seed_0_runs_score_best_in_distribution(
     (run("0.0003", 0) / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": 8, "split": s, "acc": a}) + "\n" for s, a in (("test", 0.4), ("ood", 0.95)))
     )
-    assert queue.stage_where(stage, root, sweeps)[0] == "train.lr=0.001"
+    assert queue.stage_where(stage, root, sweep)[0] == "train.lr=0.001"
     plan = queue.plan(["sraven-softmax-chosen"], 9.0, root, sweeps, tmp_path / "none.json")
     assert plan[1] == "== sraven-softmax-chosen: tiny_sraven, 1 of 3 runs to train", plan
     assert plan[-2].strip() == run("0.001", 2).name, plan

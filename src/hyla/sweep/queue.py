@@ -36,7 +36,7 @@ from hyla.sweep.groups import plan_sweep, states_and_pending
 from hyla.train.config import ExperimentConfig
 from hyla.train.plan import SWEEP_MAX_STACK
 from hyla.train.rundir import read_pieces, run_state
-from hyla.train.sweepfile import RECORD_ROOT, load_sweep
+from hyla.train.sweepfile import RECORD_ROOT, Sweep, load_sweep
 
 #: the selected SRAVEN point (results/paper_findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
 SELECTED_POINT = ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000")
@@ -152,13 +152,12 @@ def stage_named(name: str) -> Stage:
     raise ValueError(f"unknown stage {name!r}; allowed: {', '.join(s.name for s in STAGES)}")
 
 
-def chosen_point(sweep_file: str, row: str, root: Path) -> tuple[str, ...]:
+def chosen_point(sweep: Sweep, row: str, root: Path) -> tuple[str, ...]:
     """``key=value`` of the grid point of ``row`` that the paper report's rule chooses among the row's finished
     seed-0 runs (records in ``root / NAME``; the rule: in-distribution test accuracy, never OOD,
     :func:`hyla.analysis.paper_report.sweep_results`). One seed at each point, so no point wins on its number of
     finished seeds. Raises :class:`NotChosenYet` until the row's run at :data:`SELECTED_POINT`, seed 0, is
     finished: softmax's seeds 1-2 go to the selected point only if its own seed 0 leads there."""
-    sweep = load_sweep(sweep_file)
     selected = sweep.runs([row], parse_where([*SELECTED_POINT, "seed=0"]))
     if any(run_state(root / sweep.name / s.name) != "done" for s in selected):
         raise NotChosenYet(f"{row} at the selected point ({', '.join(s.name for s in selected)}) is not finished yet")
@@ -167,14 +166,14 @@ def chosen_point(sweep_file: str, row: str, root: Path) -> tuple[str, ...]:
     return tuple(f"{key}={value}" for key, value in result.point)
 
 
-def stage_where(stage: Stage, root: Path, sweeps: dict[str, str]) -> tuple[str, ...]:
-    """The stage's ``--where`` filters: its own, after the chosen point for a stage :attr:`Stage.at_chosen_point`
-    (may raise :class:`NotChosenYet`)."""
+def stage_where(stage: Stage, root: Path, sweep: Sweep) -> tuple[str, ...]:
+    """The stage's ``--where`` filters in ``sweep`` (its loaded sweep file): its own, after the chosen point for a
+    stage :attr:`Stage.at_chosen_point` (may raise :class:`NotChosenYet`)."""
     if not stage.at_chosen_point:
         return stage.where
-    if stage.sweep is None or len(stage.only) != 1:
-        raise ValueError(f"stage {stage.name}: a chosen point needs a sweep and one row")
-    return (*chosen_point(sweeps[stage.sweep], stage.only[0], root), *stage.where)
+    if len(stage.only) != 1:
+        raise ValueError(f"stage {stage.name}: a chosen point needs one row")
+    return (*chosen_point(sweep, stage.only[0], root), *stage.where)
 
 
 def sweep_arguments(stage: Stage, where: tuple[str, ...] | None = None) -> list[str]:
@@ -260,12 +259,12 @@ def plan(
             used += stage.minutes
             lines.append(f"== {name}: {stage.minutes:.1f} min ({stage.what}); {fits}")
             continue
+        sweep = load_sweep(sweeps[stage.sweep])
         try:
-            where = stage_where(stage, root, sweeps)
+            where = stage_where(stage, root, sweep)
         except NotChosenYet as waits:
             lines.append(f"== {name}: waits: {waits}")
             continue
-        sweep = load_sweep(sweeps[stage.sweep])
         specs = sweep.runs(list(stage.only) or None, parse_where(list(where)))
         sweep_root = root / sweep.name
         states, pending = states_and_pending(specs, sweep_root)
@@ -349,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.what == "args":
             stage = stage_named(args.stage)
+            if stage.sweep is None:
+                print("-")
+                return 0
+            sweep = load_sweep({"fuzzy": args.fuzzy, "sraven": args.sraven}[stage.sweep])
             try:
-                where = stage_where(stage, Path(args.root), {"fuzzy": args.fuzzy, "sraven": args.sraven})
+                where = stage_where(stage, Path(args.root), sweep)
             except NotChosenYet as waits:
                 print(f"stage {stage.name} waits: {waits}")
                 return 3
-            print("\n".join([stage.sweep or "-", *sweep_arguments(stage, where)]))
+            print("\n".join([stage.sweep, *sweep_arguments(stage, where)]))
             return 0
         if not args.minutes > 0:
             raise ValueError(f"--minutes must be > 0, got {args.minutes}")
