@@ -175,7 +175,7 @@ def test_plots_have_one_panel_per_layer(tmp_path: Path) -> None:
     assert n == 4 and (tmp_path / "h.png").is_file()
 
 
-def test_analyze_cli_end_to_end(sraven_run: Path, tmp_path: Path, capsys) -> None:
+def test_analyze_cli_end_to_end(sraven_run: Path, tmp_path: Path, capsys, quick_tsne: None) -> None:
     assert (
         main(
             [

@@ -259,7 +259,10 @@ def test_gpu_paper_plan_prints_the_next_call_without_a_gpu_and_trains_nothing(tm
     softmax = out.split("== sraven-selected-softmax")[1].split("== sraven-softmax-chosen")[0]
     assert "  later calls: 1 more stacks, 1 runs, 5.0 min" in softmax, softmax
     assert "== sraven-softmax-chosen: waits: softmax at the selected point" in out  # its seed 0 is not trained
-    assert "!!! stop every CPU run of these records first" in out
+    # the stages whose records also train on CPUs, and only those, say to stop the CPU runs first
+    by_stage = {text.split(":")[0]: text for text in out.split("\n== ")[1:]}
+    stops = [name for name, text in by_stage.items() if "!!! stop every CPU run of these records first" in text]
+    assert stops == ["sraven-selected", "sraven-selected-softmax"], out
     assert out.splitlines()[-1].startswith("projected: ") and out.splitlines()[-1].endswith(
         "the call has 9 (compile not counted)"
     )

@@ -106,7 +106,7 @@ def _trained_tiny_sweep(tmp_path: Path, config: str) -> Path:
     return sweep_file
 
 
-def test_trained_runs_get_the_latent_code_section(tmp_path: Path) -> None:
+def test_trained_runs_get_the_latent_code_section(tmp_path: Path, quick_tsne: None) -> None:
     """Finished runs that kept their weights: the paper report probes their latent code per layer
     (Fig. 5F) and draws their codes per rule (Fig. 5B/5E), HYLA beside softmax."""
     sweep_file = _trained_tiny_sweep(tmp_path, "sraven")

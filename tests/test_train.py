@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from hyla.cli import main
 from hyla.textio import TornLineWarning
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
+from hyla.train.fast import INDUCTOR_CACHE_ENV, cpu_dispatch_tag, keep_compiled_code_apart, shared_inductor_cache
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 from hyla.train.optim import lr_at
 from tiny import HANG_GUARD_S, sigterm_after_step, tiny_overrides
@@ -356,21 +358,56 @@ def test_fast_step_trains_the_paper_configs_with_attention_dropout(tmp_path: Pat
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
 
 
+#: the folder Inductor's compiles of this process write under (``cache_dir()``: every Inductor cache path starts
+#: there), after the trainer's choice
+PRINT_INDUCTOR_FOLDER = (
+    "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+    "from hyla.train.fast import keep_compiled_code_apart\n"
+    "keep_compiled_code_apart()\n"
+    "print(cache_dir())\n"
+)
+
+
 def test_compiled_code_is_kept_apart_per_cpu_dispatch(tmp_path: Path) -> None:
-    """A compiled step run under another ATen CPU capability than the one that filled Inductor's cache does
-    not load that code (it crashed with SIGSEGV in a compiled backward): each dispatch gets its own folder."""
+    """Code compiled under another ATen CPU capability than the one that filled Inductor's cache is not loaded
+    (it crashed with SIGSEGV in a compiled backward): each dispatch gets its own folder, also in a child of a
+    process whose Inductor already wrote its shared default into the environment."""
     own = torch.backends.cpu.get_cpu_capability().lower()
     other = "avx2" if own == "avx512" else "default"
-    unset = ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY", "HYLA_CPU_MARCH")
-    env = {k: v for k, v in os.environ.items() if k not in unset} | {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "hyla", "train", *tiny("fuzzy_logic", steps=2), "train.fast=true"]
-    for name, capability in (("first", own), ("second", other)):
-        run = [*args, "--out", str(tmp_path / name), "--quiet"]  # one run: one compilation a process
-        done = subprocess.run(run, env=env | {"ATEN_CPU_CAPABILITY": capability}, capture_output=True, text=True)
+    unset = (INDUCTOR_CACHE_ENV, "ATEN_CPU_CAPABILITY", "HYLA_CPU_MARCH")
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"TMPDIR": str(tmp_path)}
+    inherited = {INDUCTOR_CACHE_ENV: str(tmp_path / f"torchinductor_{getpass.getuser()}")}
+    folders = set()
+    for capability, parent in ((own, {}), (other, inherited)):  # one process each: the capability is fixed at start
+        child = env | parent | {"ATEN_CPU_CAPABILITY": capability}
+        done = subprocess.run([sys.executable, "-c", PRINT_INDUCTOR_FOLDER], env=child, capture_output=True, text=True)
         assert done.returncode == 0, f"ATEN_CPU_CAPABILITY={capability}: rc {done.returncode}\n{done.stderr[-2000:]}"
-    # (the shared folder may still get Inductor's precompiled headers, made before any compile)
-    compiled = {p.name.split("-", 1)[1] for p in tmp_path.glob("torchinductor_*-*") if any(p.rglob("*.so"))}
-    assert compiled == {f"{own}-native", f"{other}-native"}
+        folders.add(done.stdout.strip())
+    shared = inherited[INDUCTOR_CACHE_ENV]
+    assert folders == {f"{shared}-{own}-native", f"{shared}-{other}-native"}
+
+
+def test_a_folder_the_user_named_for_compiled_code_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = f"{shared_inductor_cache()}-{cpu_dispatch_tag()}"
+    for inherited in (shared_inductor_cache(), f"{shared_inductor_cache()}-avx2-x86-64-v3"):  # a parent's choices
+        monkeypatch.setenv(INDUCTOR_CACHE_ENV, inherited)
+        assert keep_compiled_code_apart() == ours == os.environ[INDUCTOR_CACHE_ENV]
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
+    assert keep_compiled_code_apart() == str(tmp_path / "mine") == os.environ[INDUCTOR_CACHE_ENV]
+
+
+def test_a_compiled_run_compiles_into_its_cpu_dispatch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer of a ``train.fast`` run points Inductor at its dispatch's folder before it compiles."""
+    folders_at_compile: list[str | None] = []
+
+    def compile_later(model: torch.nn.Module, **options: object) -> torch.nn.Module:
+        folders_at_compile.append(os.environ.get(INDUCTOR_CACHE_ENV))
+        return model
+
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    monkeypatch.setattr(torch, "compile", compile_later)
+    Trainer(load_config("fuzzy_logic", [*tiny("fuzzy_logic")[1:], "train.fast=true"]), tmp_path / "run")
+    assert folders_at_compile == [f"{shared_inductor_cache()}-{cpu_dispatch_tag()}"]
 
 
 def initial_draw(args: list[str], path: Path) -> Path:

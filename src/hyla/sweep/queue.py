@@ -93,6 +93,8 @@ class Stage:
     #: at the grid point its one row's seed-0 runs choose (:func:`chosen_point`) rather than a fixed one;
     #: ``where`` then holds only the seeds
     at_chosen_point: bool = False
+    #: its records also train on CPUs (issue #48's background runs): the plan says to stop those first
+    trained_on_cpus_too: bool = False
 
 
 class NotChosenYet(Exception):
@@ -109,17 +111,32 @@ STAGES = (
     # issue #48: evaluations every 2,500 updates, so that when a run leaves its plateau is visible; softmax's
     # seeds 1 and 2 at HYLA's point only once that point leads softmax's row by the report's rule (then in
     # sraven-rest), so its seed 0 alone here
-    Stage("sraven-selected", "sraven", ("hyla",), SELECTED, overrides=("train.eval_every=2500",)),
+    Stage(
+        "sraven-selected",
+        "sraven",
+        ("hyla",),
+        SELECTED,
+        overrides=("train.eval_every=2500",),
+        trained_on_cpus_too=True,
+    ),
     Stage(
         "sraven-selected-softmax",
         "sraven",
         ("softmax",),
         (*SELECTED_POINT, "seed=0"),
         overrides=("train.eval_every=2500",),
+        trained_on_cpus_too=True,
     ),
     # the headline compares rows at their chosen points over three seeds each: softmax's seeds go where its
     # seed-0 runs point (lr 1e-3 led softmax's row while the selected point's run was at 60,000 updates)
-    Stage("sraven-softmax-chosen", "sraven", ("softmax",), ("seed=0,1,2",), at_chosen_point=True),
+    Stage(
+        "sraven-softmax-chosen",
+        "sraven",
+        ("softmax",),
+        ("seed=0,1,2",),
+        at_chosen_point=True,
+        trained_on_cpus_too=True,
+    ),
     Stage("authors", minutes=0.0, what="the authors' HYLA seeds 0-2 and softmax seed 0 at the selected point"),
     Stage("fuzzy", "fuzzy"),
     Stage("sraven-rest", "sraven"),
@@ -269,7 +286,7 @@ def plan(
         sweep_root = root / sweep.name
         states, pending = states_and_pending(specs, sweep_root)
         lines.append(f"== {name}: {sweep.name}, {len(pending)} of {len(specs)} runs to train")
-        if name.startswith(("sraven-selected", "sraven-softmax-chosen")) and pending:
+        if stage.trained_on_cpus_too and pending:
             lines.append(
                 "!!! stop every CPU run of these records first and commit its newest checkpoint: a GPU piece "
                 "beside a CPU one forks the record"

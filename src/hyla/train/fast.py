@@ -55,7 +55,7 @@ def cpu_dispatch_tag() -> str:
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-{target_march()}"
 
 
-def _shared_inductor_cache() -> str:
+def shared_inductor_cache() -> str:
     """Inductor's default cache folder (``<tmp>/torchinductor_<user>``), shared by every process of the user."""
     try:
         user = getpass.getuser()
@@ -72,7 +72,7 @@ def keep_compiled_code_apart() -> str:
     (SIGSEGV in a compiled backward, seen after ``ATEN_CPU_CAPABILITY=avx2``, which the records' retraining
     sets). Inductor writes its default into the environment once it ran, and a child process inherits our
     choice, so both count as unset here: only a folder the user named is kept."""
-    shared = _shared_inductor_cache()
+    shared = shared_inductor_cache()
     current = os.environ.get(INDUCTOR_CACHE_ENV)
     ours = current is None or current == shared or os.path.basename(current).startswith(os.path.basename(shared) + "-")
     if ours:
