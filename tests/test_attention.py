@@ -213,3 +213,20 @@ def test_bad_forward_arguments() -> None:
     with pytest.raises(ValueError, match="normalization='l2'"):
         AttentionConfig(normalization="l2")  # type: ignore[arg-type]
     assert attention_preset("hyla", nonlinearity="silu").nonlinearity == "silu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_attention_dropout_keeps_the_codes_dtype_and_scales_the_kept_pairs(dtype: torch.dtype) -> None:
+    """One multiplier ``keep / (1 - p)`` in the code's dtype (a float32 multiplier would lift a bfloat16 code to
+    float32): kept pairs scaled by ``1 / (1 - p)`` within the dtype's rounding, dropped pairs exactly zero."""
+    from hyla.attention.functional import drop_pairs
+
+    gen = torch.Generator().manual_seed(0)
+    a_BxHxQxK = torch.randn(2, 3, 5, 7, generator=gen).to(dtype)
+    keep_11xQxK = torch.rand(1, 1, 5, 7, generator=gen) >= 0.3
+    dropped = drop_pairs(a_BxHxQxK, 0.3, keep_11xQxK)
+    assert dropped.dtype == dtype and keep_11xQxK.any() and not keep_11xQxK.all()
+    assert (dropped.masked_select(~keep_11xQxK.expand_as(dropped)) == 0).all()
+    expected = (a_BxHxQxK.double() * keep_11xQxK / 0.7).to(dtype)
+    rtol = {torch.bfloat16: 1.6e-2, torch.float32: 2.4e-7, torch.float64: 4.5e-16}[dtype]  # two roundings
+    torch.testing.assert_close(dropped, expected, rtol=rtol, atol=0)

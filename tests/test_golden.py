@@ -67,9 +67,11 @@ def test_a_checkpoint_from_before_the_restructure_resumes_onto_the_golden_number
     direct = "model.attention_backend=direct"
     cmd = [sys.executable, "-m", "hyla", "train", config, direct, "--out", str(run), "--quiet", "--resume"]
     subprocess.run(cmd, env=run_golden.subprocess_env(), check=True, stdout=subprocess.DEVNULL)
-    exact = run_golden.fingerprint_of_golden_env() == run_golden.read_fingerprint(run_golden.RECORDS)
     golden = (run_golden.RECORDS / "fuzzy_hyla_authors_direct" / "metrics.jsonl").read_text()
     resumed = (run / "metrics.jsonl").read_text()
     # its lines before the checkpoint were written before training lines carried the two norms
     golden, resumed = without_norms(golden), without_norms(resumed)
-    assert_same_numbers(resumed, golden, exact=exact, rtol=GOLDEN_RTOL, what="pre-restructure resume")
+    # the checkpoint holds the direct form's rounding from before it took the authors' order of operations
+    # (the query scaled before the product, dropout as one multiplier; the records moved by <= 3.9e-7), so
+    # its resume meets the records within the noise floor, never bit for bit
+    assert_same_numbers(resumed, golden, exact=False, rtol=GOLDEN_RTOL, what="pre-restructure resume")

@@ -39,8 +39,11 @@ def nonlinearity(name: str) -> Callable[[Tensor], Tensor]:
 
 
 def attention_scores(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, bias: Tensor | None = None) -> Tensor:
-    """Scaled dot-product scores ``q.k / sqrt(E)`` plus an additive bias broadcastable to BxHxQxK."""
-    s_BxHxQxK = torch.einsum("bhqe,bhke->bhqk", q_BxHxQxE, k_BxHxKxE) / math.sqrt(q_BxHxQxE.shape[-1])
+    """Scaled dot-product scores ``(q / sqrt(E)).k`` plus an additive bias broadcastable to BxHxQxK.
+
+    The query is scaled before the product, in the authors' order (flax's ``dot_product_attention``): one pass
+    over the small query instead of one over the scores."""
+    s_BxHxQxK = torch.einsum("bhqe,bhke->bhqk", q_BxHxQxE / math.sqrt(q_BxHxQxE.shape[-1]), k_BxHxKxE)
     if bias is not None:
         s_BxHxQxK = s_BxHxQxK + bias
     return s_BxHxQxK
@@ -117,10 +120,13 @@ def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.d
 
 def drop_pairs(a_BxHxQxK: Tensor, p: float, keep_11xQxK: Tensor | None = None) -> Tensor:
     """Attention dropout on the latent code: kept pairs scaled by ``1 / (1 - p)``, the others zero;
-    ``keep_11xQxK`` drawn by :func:`dropout_keep_mask` unless given."""
+    ``keep_11xQxK`` drawn by :func:`dropout_keep_mask` unless given.
+
+    One multiplier ``keep / (1 - p)`` in the code's dtype, as the authors' code (flax) makes it: one pass over
+    the code instead of two."""
     if keep_11xQxK is None:
         keep_11xQxK = dropout_keep_mask(*a_BxHxQxK.shape[-2:], p, a_BxHxQxK.device)
-    return a_BxHxQxK * keep_11xQxK / (1 - p)
+    return a_BxHxQxK * (keep_11xQxK.to(a_BxHxQxK.dtype) / (1 - p))
 
 
 def value_network(
