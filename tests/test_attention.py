@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hyla.attention import PRESETS, Attention, AttentionConfig, KVCache, attention_preset
+from hyla.attention.functional import drop_pairs
 from hyla.attention.naive import naive_attention
 from hyla.attention.position import relative_position_bucket
 
@@ -219,8 +220,6 @@ def test_bad_forward_arguments() -> None:
 def test_attention_dropout_keeps_the_codes_dtype_and_scales_the_kept_pairs(dtype: torch.dtype) -> None:
     """One multiplier ``keep / (1 - p)`` in the code's dtype (a float32 multiplier would lift a bfloat16 code to
     float32): kept pairs scaled by ``1 / (1 - p)`` within the dtype's rounding, dropped pairs exactly zero."""
-    from hyla.attention.functional import drop_pairs
-
     gen = torch.Generator().manual_seed(0)
     a_BxHxQxK = torch.randn(2, 3, 5, 7, generator=gen).to(dtype)
     keep_11xQxK = torch.rand(1, 1, 5, 7, generator=gen) >= 0.3
