@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hyla import cpu
 from hyla.cli import main
 
 
@@ -41,7 +42,7 @@ def test_bench_commands_write_their_json(tmp_path: Path, monkeypatch: pytest.Mon
     )
     d = json.loads(step.read_text())
     assert set(d["variants"]) == {"softmax", "hyla"} and "device" in d and d["backend"] == "manual_backward"
-    assert d["dropout"] == 0.1
+    assert d["dropout"] == 0.1 and d["blas"] == cpu.blas_path()  # which BLAS path the timings are of
     assert all({"ms_per_step", "peak_mem_mb"} <= set(v) for v in d["variants"].values())
     data = tmp_path / "data.json"
     assert (
@@ -148,7 +149,7 @@ def test_profile_step_lists_the_ops_with_the_most_self_time(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     d = json.loads(out.read_text())
     ops = d["ops"]
-    assert d["task"] == "fuzzy_logic" and len(ops) == 4
+    assert d["task"] == "fuzzy_logic" and len(ops) == 4 and d["blas"] == cpu.blas_path()
     assert 1 >= ops[0]["share"] >= ops[1]["share"] >= ops[2]["share"] >= ops[3]["share"] > 0, ops
     assert all(op["op"] and op["ms_per_step"] > 0 for op in ops), ops
     assert "self CPU time" in done.stdout

@@ -122,6 +122,41 @@ print(json.dumps({"loaded": cpu.override_loaded(), "blas": cpu.blas_path(), "cal
 
 
 @needs_mkl_and_cc
+@pytest.mark.parametrize(
+    ("vendor", "value", "prints"),
+    [
+        ("AuthenticAMD", None, True),
+        ("AuthenticAMD", "off", False),
+        ("GenuineIntel", None, False),
+        ("GenuineIntel", "on", True),
+    ],
+)
+def test_auto_prints_the_preload_only_where_the_command_would_apply_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    vendor: str,
+    value: str | None,
+    prints: bool,
+) -> None:
+    monkeypatch.setattr(runtime, "CPUINFO", _cpuinfo(tmp_path, vendor))
+    monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    if value is None:
+        monkeypatch.delenv(cpu.SETTING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu.SETTING_ENV, value)
+    assert cpu.main(["--auto"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("LD_PRELOAD=") and cpu.LIBRARY_PREFIX in out if prints else out == ""
+    monkeypatch.setenv(cpu.SETTING_ENV, "fast")
+    assert cpu.main(["--auto"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hyla.cpu: HYLA_FAST_BLAS='fast' is not valid; allowed values: auto, on, off"
+    )
+
+
+@needs_mkl_and_cc
 def test_mkl_consults_the_preloaded_override(tmp_path: Path) -> None:
     """What ``python -m hyla.cpu`` prints, prepended to a command, puts the override where MKL asks it (the
     counter in the library counts MKL's calls): torch's MKL calls the vendor check through its PLT."""

@@ -51,10 +51,11 @@ def main() -> None:
         lines += [*training, ""]
     lines += ["| model step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
     for task in ("sraven", "fuzzy"):
-        old, new = rounds(out, "old", f"step_{task}"), rounds(out, "new", f"step_{task}")
-        for variant in new[0]["variants"] if old and new else []:
-            v = ("variants", variant, "ms_per_step")
-            lines.append(row(task, variant, median_at(old, *v), median_at(new, *v)))
+        for name, label in ((f"step_{task}", task), (f"pair_{task}", f"{task}, two at once")):
+            old, new = rounds(out, "old", name), rounds(out, "new", name)
+            for variant in new[0]["variants"] if old and new else []:
+                v = ("variants", variant, "ms_per_step")
+                lines.append(row(label, variant, median_at(old, *v), median_at(new, *v)))
     lines += profiles(out)
     print("\n".join(lines))
 

@@ -7,8 +7,8 @@
 #        restructure into one shell and two engines; results/restructure_speed)
 # Environment: ROUNDS (default 2); SUITE: all (default: the tables above, on the machine's threads) or
 # one-thread-step (the model step of the SRAVEN and fuzzy-logic paper models, softmax and HYLA, attention
-# dropout 0.1 as the paper configs train, on one thread: what a background paper run does; then each side's
-# profile of those steps, benchmarks/speed/profile_step.py). Stop other
+# dropout 0.1 as the paper configs train, on one thread: what a background paper run does, alone and two at once
+# as the paper runs train here; then each side's profile of those steps, benchmarks/speed/profile_step.py). Stop other
 # work on the machine first: the timings are medians of blocks, but two cores shared with anything else
 # measure the other thing.
 set -euo pipefail
@@ -41,6 +41,12 @@ for round in $(seq 1 "$ROUNDS"); do
             for task in sraven fuzzy_logic; do
                 OMP_NUM_THREADS=1 bench "$side" step --task "$task" --variants softmax,hyla --dropout 0.1 --steps 30 \
                     --json "$dir/step_${task%_logic}_r$round.json"
+                # two at once, one thread each: how the paper runs train here, sharing one memory system
+                for copy in a b; do
+                    OMP_NUM_THREADS=1 bench "$side" step --task "$task" --variants softmax,hyla --dropout 0.1 \
+                        --steps 30 --json "$dir/pair_${task%_logic}_r$round$copy.json" &
+                done
+                wait
             done
             echo "round $round: $side done"
             continue
@@ -63,9 +69,11 @@ if [ "$SUITE" = one-thread-step ]; then
     for side in old new; do
         src="$REPO_ROOT"
         [ "$side" = old ] && src="$tmp/old"
+        # with what that side's `hyla` command preloads (MKL's vendor check overridden on an AMD CPU since #47)
+        preload="$(cd "$src" && PYTHONPATH="$src/src" "$PY" -m hyla.cpu --auto 2>/dev/null)" || preload=""
         for task in sraven fuzzy_logic; do
             for variant in softmax hyla; do
-                OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/speed/profile_step.py" --task "$task" \
+                env $preload OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/speed/profile_step.py" --task "$task" \
                     --variant "$variant" --json "$OUT/$side/profile_${task%_logic}_$variant.json" >/dev/null
             done
         done

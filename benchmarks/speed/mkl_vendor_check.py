@@ -2,7 +2,9 @@
 thread, in three processes per round (rounds alternate them): MKL as installed, with hyla's override preloaded
 (``mkl_serv_intel_cpu_true`` returns 1, what ``hyla`` does on an AMD CPU), and with the check answering 0 (what
 MKL's own check answers on an AMD CPU). On an Intel CPU the first two are the same kernels and the third shows
-what the check costs; on an AMD CPU the first and the third are alike and the second is the gain.
+what the check costs; on an AMD CPU the first and the third are alike and the second is the gain. A fourth
+process times the same products on numpy's OpenBLAS (its kernels chosen by instruction set, not vendor): the
+limit measured beside MKL's.
 
     PYTHONPATH=src python benchmarks/speed/mkl_vendor_check.py --rounds 3 > results/fast_blas_check.md
 """
@@ -24,11 +26,13 @@ from hyla.runtime import c_compiler, cpu_model, cpuinfo_field
 #: (m, k, n) of the SRAVEN model's products (batch 128 x 36 tokens = 4608 rows; width 128, MLP 256) and a square
 SHAPES = [(4608, 128, 192), (4608, 128, 256), (4608, 256, 128), (2048, 2048, 2048)]
 TIMER = """
-import json, sys, time, torch
+import json, sys, time, numpy, torch
 torch.set_num_threads(1)
 out = {}
 for m, k, n in json.loads(sys.argv[1]):
     a, b = torch.randn(m, k), torch.randn(k, n)
+    if sys.argv[2] == "numpy":
+        a, b = a.numpy(), b.numpy()
     for _ in range(3):
         a @ b
     reps = max(5, int(4e9 / (2 * m * k * n)))
@@ -63,13 +67,14 @@ def main() -> int:
             "as installed": env,
             "override (check says 1)": cpu.preload_environment(env),
             "check says 0": {**env, "LD_PRELOAD": str(vendor_no_library(Path(tmp)))},
+            "numpy (OpenBLAS)": env,
         }
         rates: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
         for _ in range(args.rounds):
             for mode, mode_env in modes.items():
                 done = subprocess.run(
-                    [sys.executable, "-c", TIMER, json.dumps(SHAPES)],
-                    env={**mode_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                    [sys.executable, "-c", TIMER, json.dumps(SHAPES), "numpy" if "numpy" in mode else "torch"],
+                    env={**mode_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
                     capture_output=True,
                     text=True,
                     check=True,
@@ -77,7 +82,7 @@ def main() -> int:
                 for shape, rate in json.loads(done.stdout).items():
                     rates[mode].setdefault(shape, []).append(rate)
     shapes = list(rates["as installed"])
-    print(f"CPU: {cpu_model()} ({cpuinfo_field('vendor_id')}); torch.mm float32, one thread, GFLOP/s,")
+    print(f"CPU: {cpu_model()} ({cpuinfo_field('vendor_id')}); float32 matrix products, one thread, GFLOP/s,")
     print(f"median (min-max) of {args.rounds} rounds, modes alternating within each round\n")
     print("| mode | " + " | ".join(shapes) + " |")
     print("|---|" + "---|" * len(shapes))

@@ -47,6 +47,15 @@ def top_ops(task: str, variant: str, dropout: float, steps: int, warmup: int, to
     ]
 
 
+def blas_path() -> str:
+    """What summed this process's matrix products (``hyla.cpu.blas_path``; checkouts before #47 lack it)."""
+    try:
+        from hyla.cpu import blas_path as path
+    except ImportError:
+        return "as installed"
+    return path()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="sraven")
@@ -66,7 +75,8 @@ def main() -> None:
         calls = f"{op['calls_per_step']:7.1f} calls/step"
         print(f"  {op['share']:6.1%} {op['ms_per_step']:8.2f} ms/step {calls}  {op['op']}")
     if args.json:
-        out = {"task": args.task, "variant": args.variant, "threads": torch.get_num_threads(), "ops": ops}
+        threads = torch.get_num_threads()
+        out = {"task": args.task, "variant": args.variant, "threads": threads, "blas": blas_path(), "ops": ops}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
 

@@ -22,6 +22,7 @@ command goes on as before with one warning line.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
@@ -172,9 +173,20 @@ def reexec_with_override(args: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "hyla", *args], env)
 
 
-def main() -> int:
-    """``python -m hyla.cpu``: print ``LD_PRELOAD=PATH``, to prepend to a command (nothing where MKL is not
-    torch's BLAS, with the reason on stderr)."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hyla.cpu [--auto]``: print ``LD_PRELOAD=PATH``, to prepend to a command (nothing where MKL is
+    not torch's BLAS, with the reason on stderr). With ``--auto``, print it only where the ``hyla`` command would
+    preload it itself (:func:`wanted`: :data:`SETTING_ENV` and the CPU's vendor), else nothing, with exit 0."""
+    parser = argparse.ArgumentParser(prog="python -m hyla.cpu", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--auto", action="store_true", help=f"only where {SETTING_ENV} asks for it on this CPU")
+    args = parser.parse_args(argv)
+    if args.auto:
+        try:
+            if not wanted():
+                return 0
+        except ValueError as err:
+            print(f"hyla.cpu: {err}", file=sys.stderr)
+            return 2
     library, reason = override_library()
     if library is None:
         print(f"hyla.cpu: nothing to preload: {reason}", file=sys.stderr)

@@ -22,6 +22,7 @@ import torch
 
 from hyla.attention.config import BACKENDS, canonical_backend
 from hyla.bench import device_label, require_device, require_writable
+from hyla.cpu import blas_path
 from hyla.models import Transformer, TransformerConfig, num_parameters
 from hyla.tasks import REGISTRY, task_entry
 from hyla.train.fast import keep_compiled_code_apart
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     base = results.get("softmax", {}).get("ms_per_step")
     print(
         f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__} "
-        f"backend={args.backend} dropout={args.dropout}"
+        f"blas={blas_path()} backend={args.backend} dropout={args.dropout}"
     )
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
@@ -178,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                     "task": args.task,
                     "batch_size": args.batch_size,
                     "torch": torch.__version__,
+                    "blas": blas_path(),
                     "steps": args.steps,
                     "backend": args.backend,
                     "dropout": args.dropout,
