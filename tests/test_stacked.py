@@ -60,6 +60,11 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
 #: (MoE: its routing's top-k and load-balancing means add reorderings) of their lone runs (2-core Intel Xeon,
 #: torch 2.13.0; the loop stacks were bit for bit equal there).
 STACK_RTOL = 1e-4
+#: MoE's vmap stacks on a 2-core AMD EPYC without AVX-512 (Zen 3) with MKL as installed (its path for a CPU
+#: it does not recognise sums the batched products in another order): 3.2e-5 and 1.1e-4 from their lone runs
+#: over the same 3 steps (the dense configs 5.9e-7; with `hyla.cpu`'s override 1.7e-6): a routing score near a
+#: top-k tie moves more than a dense product. Ten times that still fails a stack that mixes its seeds (O(1)).
+MOE_STACK_RTOL = 1e-3
 FEW_STEPS = tiny_overrides(layers=2, steps=3, every=3, log_every=1, warmup_steps=2)
 #: the paper configs' data: each run's held-out split follows its seed, and attention dropout is drawn
 PAPER_SPLIT = [o for o in FEW_STEPS if not o.startswith(("data.split_seed", "model.attention_dropout"))]
@@ -86,7 +91,8 @@ def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, capsys, config: 
         lone_args = ["train", config, *overrides, f"seed={seed}", f"name={config}_seed{seed}"]
         assert main([*lone_args, "--out", str(alone), "--quiet"]) == 0
         ours, theirs = ((run / "metrics.jsonl").read_text() for run in (stacked, alone))
-        assert_same_numbers(ours, theirs, exact=exact, rtol=STACK_RTOL, what=f"{forward} stack, seed {seed}")
+        rtol = MOE_STACK_RTOL if config.endswith("_moe") else STACK_RTOL
+        assert_same_numbers(ours, theirs, exact=exact, rtol=rtol, what=f"{forward} stack, seed {seed}")
         # a complete, ordinary run directory: its own seed, tensorboard, lone-format checkpoints
         assert yaml.safe_load((stacked / "config.yaml").read_text())["seed"] == seed
         assert list((stacked / "tb").iterdir())
