@@ -1,5 +1,5 @@
 """Does MKL's vendor check decide its float32 kernels on this CPU? torch.mm at the SRAVEN model's shapes, one
-thread, in three processes per round (rounds alternate them): MKL as installed, with hyla's override preloaded
+thread, in four processes per round (rounds alternate them): MKL as installed, with hyla's override preloaded
 (``mkl_serv_intel_cpu_true`` returns 1, what ``hyla`` does on an AMD CPU), and with the check answering 0 (what
 MKL's own check answers on an AMD CPU). On an Intel CPU the first two are the same kernels and the third shows
 what the check costs; on an AMD CPU the first and the third are alike and the second is the gain. A fourth
