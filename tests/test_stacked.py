@@ -62,7 +62,8 @@ def lone(tmp: Path, task: str, out: str, *overrides: str) -> Path:
 STACK_RTOL = 1e-4
 #: MoE's vmap stacks on a 2-core AMD EPYC without AVX-512 (Zen 3) with MKL as installed (its path for a CPU
 #: it does not recognise sums the batched products in another order): 3.2e-5 and 1.1e-4 from their lone runs
-#: over the same 3 steps (the dense configs 5.9e-7; with `hyla.cpu`'s override 1.7e-6): a routing score near a
+#: over the same 3 steps (the dense configs 5.9e-7; with `hyla.cpu`'s override 1.7e-6; read off this test's
+#: failure messages with both tolerances set to 0): a routing score near a
 #: top-k tie moves more than a dense product. Ten times that still fails a stack that mixes its seeds (O(1)).
 MOE_STACK_RTOL = 1e-3
 FEW_STEPS = tiny_overrides(layers=2, steps=3, every=3, log_every=1, warmup_steps=2)

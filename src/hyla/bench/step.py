@@ -159,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
         results[v] = json.loads(proc.stdout.strip().splitlines()[-1])
     device_name = device_label(args.device)
     base = results.get("softmax", {}).get("ms_per_step")
+    blas = blas_path()
     print(
         f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__} "
-        f"blas={blas_path()} backend={args.backend} dropout={args.dropout}"
+        f"blas={blas} backend={args.backend} dropout={args.dropout}"
     )
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                     "task": args.task,
                     "batch_size": args.batch_size,
                     "torch": torch.__version__,
-                    "blas": blas_path(),
+                    "blas": blas,
                     "steps": args.steps,
                     "backend": args.backend,
                     "dropout": args.dropout,
