@@ -32,7 +32,7 @@ from hyla.attention.kernels import (
 )
 from hyla.attention.kernels.c.wrapper import HAS_VMAP_RULE
 from hyla.attention.kernels.coverage import variant_unsupported_reason
-from tiny import triton_device_or_skip
+from tiny import autograd_node_names, triton_device_or_skip
 
 B, H, Q, K, E, D = 2, 3, 4, 5, 2, 3
 
@@ -113,8 +113,12 @@ def test_covered_presets_as_documented() -> None:
         name for name, c in PRESETS.items() if c.value_network == "hyper" and c.normalization != "softmax"
     )
     assert "hyla_softmax" not in kernel_presets and "hyla_plus" not in kernel_presets and "hyla" in kernel_presets
-    for backend in ("manual_backward", "fused_cpu", "fused"):
+    for backend in ("manual_backward", "fused"):
         assert covered_presets(backend) == kernel_presets
+    # the C kernel computes a whole query row: softmax over its keys and the linear value network too
+    row_presets = tuple(name for name, c in PRESETS.items() if c.value_network != "hyper_deep")
+    assert {"softmax", "linear", "hyla_softmax", "hyla"} <= set(row_presets) and "hyla_plus" not in row_presets
+    assert covered_presets("fused_cpu") == row_presets
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -186,19 +190,6 @@ def test_first_order_only_as_the_table_says(backend: str) -> None:
         assert torch.autograd.grad(dq.sum(), leaves[0])[0].shape == leaves[0].shape
 
 
-def _graph_names(t: Tensor) -> set[str]:
-    """The names of the autograd nodes that produced ``t``."""
-    names, stack, seen = set(), [t.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        stack.extend(n for n, _ in node.next_functions)
-    return names
-
-
 @pytest.mark.parametrize("backend", [*CPU_BACKENDS, "auto"])
 def test_attention_dropout_runs_where_the_table_says_and_equals_the_direct_form(backend: str) -> None:
     """Training with dropout: a backend whose entry has ``dropout`` drops the same pairs itself (forward and
@@ -217,9 +208,9 @@ def test_attention_dropout_runs_where_the_table_says_and_equals_the_direct_form(
         y.square().sum().backward()
         outs.append(y)
     runs_itself = "fused_cpu" if backend == "auto" else backend
-    in_kernel = any("fused_cpu_attention" in n for n in _graph_names(outs[0]))
+    in_kernel = any("fused_cpu_attention" in n for n in autograd_node_names(outs[0]))
     if COVERAGE[runs_itself].dropout and runs_itself != "direct":
-        assert in_kernel, _graph_names(outs[0])
+        assert in_kernel, autograd_node_names(outs[0])
         assert _rel(outs[0], outs[1]) < 1e-12
         for (name, p), p_ref in zip(attn.named_parameters(), ref.parameters()):
             assert _rel(p.grad, p_ref.grad) < 1e-10, name

@@ -26,7 +26,7 @@ from hyla.attention.kernels import (
     manual_backward_unsupported_reason,
 )
 from hyla.attention.kernels.c import wrapper as c_wrapper
-from tiny import torch_threads
+from tiny import autograd_node_names, torch_threads
 
 #: every test here compares CPU code paths against each other (tolerances in each test)
 pytestmark = pytest.mark.float_sensitive
@@ -130,12 +130,17 @@ def test_gradcheck(impl: str) -> None:
     )
 
 
-@pytest.mark.parametrize("normalization", ["rms_head", "none"])
+@pytest.mark.parametrize(
+    ("preset", "normalization"),
+    [("hyla", "rms_head"), ("hyla", "none"), ("hyla", "softmax"), ("softmax", "softmax"), ("softmax", "none")],
+)
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_fused_cpu_attention_dropout_equals_the_direct_form(normalization: str, dtype: torch.dtype, tol: float) -> None:
+def test_fused_cpu_attention_dropout_equals_the_direct_form(
+    preset: str, normalization: str, dtype: torch.dtype, tol: float
+) -> None:
     """The kernel's dropout (one Q x K keep-mask for batch and heads, after normalization) against
     ``drop_pairs`` in the direct form, forward and every gradient, with a mask and a bias."""
-    config = attention_preset("hyla", normalization=normalization)
+    config = attention_preset(preset, normalization=normalization)
     gen = torch.Generator().manual_seed(3)
     shapes = [(B, H, Q, E), (B, H, K, E), (B, H, K, D), (H, Q, K)]
     base = [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
@@ -159,20 +164,51 @@ def test_fused_cpu_attention_dropout_equals_the_direct_form(normalization: str, 
     assert _rel(plain, y_got) > 0.01  # the mask dropped something
 
 
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_fused_cpu_softmax_in_float32_and_rows_without_a_visible_key(scale: float) -> None:
+    """Softmax by the kernel's own float32 exponential against the direct form in float64, with scores up to
+    hundreds (the row's maximum subtracted; exponents below -87 clamped) and a query whose keys are all masked:
+    its output and the gradients it sends are zero, as in the direct form, never NaN."""
+    config = attention_preset("softmax")
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randn(B, H, n, E, generator=gen, dtype=torch.float64) * scale for n in (Q, K, K)]
+    mask = torch.rand(B, 1, Q, K, generator=gen) > 0.3
+    mask[1, 0, 2] = False
+    ref_in = [t.clone().requires_grad_() for t in base]
+    got_in = [t.float().requires_grad_() for t in base]
+    y_ref, _ = hypernetwork_attention(*ref_in, config, mask_Bx1xQxK=mask)
+    y_got = fused_cpu_hypernetwork_attention(*got_in, config, mask_Bx1xQxK=mask)
+    dy = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
+    grads_got = torch.autograd.grad(y_got, got_in, dy.float())
+    grads_ref = torch.autograd.grad(y_ref, ref_in, dy)
+    errors = [_rel(y_got, y_ref)] + [_rel(g, r) for g, r in zip(grads_got, grads_ref)]
+    # the bar: the direct form's own float32 error (large scores make the gradients ill-conditioned)
+    torch_in = [t.float().requires_grad_() for t in base]
+    y_torch, _ = hypernetwork_attention(*torch_in, config, mask_Bx1xQxK=mask)
+    grads_torch = torch.autograd.grad(y_torch, torch_in, dy.float())
+    bars = [_rel(y_torch, y_ref)] + [_rel(g, r) for g, r in zip(grads_torch, grads_ref)]
+    assert all(e < max(4 * bar, 1e-6) for e, bar in zip(errors, bars)), (errors, bars)
+    assert y_got[1, :, 2].abs().max() == 0 and grads_got[0][1, :, 2].abs().max() == 0
+    assert all(torch.isfinite(g).all() for g in grads_got)
+
+
 # the sizes the kernel has specialized copies for (heads, keys, head dim; queries): SRAVEN's blocks (its last
 # computes the 4 answers) and fuzzy logic's
 PAPER_SIZES = {"sraven": (16, 36, 4, 36), "sraven_last_block": (16, 36, 4, 4), "fuzzy_logic": (8, 32, 2, 32)}
 
 
+@pytest.mark.parametrize("preset", ["hyla", "softmax"])
 @pytest.mark.parametrize("sizes", list(PAPER_SIZES))
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-def test_fused_cpu_reads_and_writes_the_models_strided_layout(sizes: str, dtype: torch.dtype, tol: float) -> None:
+def test_fused_cpu_reads_and_writes_the_models_strided_layout(
+    preset: str, sizes: str, dtype: torch.dtype, tol: float
+) -> None:
     """The paper models' sizes (SRAVEN's 36 keys are not a multiple of the kernel's 8 lanes) with q, k, v
     as the model passes them (``B x T x H x E`` memory viewed as ``B x H x T x E``), a gradient of the output
     in yet another layout, a mask, a bias and dropout: forward and every gradient against the direct form;
     the output comes back in the layout the output projection reads without a copy."""
     b, (h, nk, e, num_queries) = 5, PAPER_SIZES[sizes]
-    config = attention_preset("hyla")
+    config = attention_preset(preset)
     gen = torch.Generator().manual_seed(4)
     base = [
         torch.randn(b, n, h, e, generator=gen, dtype=torch.float64).transpose(1, 2) for n in (num_queries, nk, nk)
@@ -210,10 +246,17 @@ def test_fused_cpu_attention_dropout_gradcheck_and_bad_mask() -> None:
         fused_cpu_hypernetwork_attention(q, k, v, config, dropout_keep_11xQxK=keep[..., :3], dropout=0.25)
 
 
-def test_auto_picks_the_c_kernel_on_cpu() -> None:
+@pytest.mark.parametrize("preset", ["hyla", "softmax"])
+def test_auto_picks_the_c_kernel_on_cpu(preset: str) -> None:
     q, k, v = (torch.randn(2, 4, 6, 5, requires_grad=True) for _ in range(3))
-    y = dispatch("auto", q, k, v, attention_preset("hyla"), bias=torch.zeros(4, 6, 6))
+    y = dispatch("auto", q, k, v, attention_preset(preset), bias=torch.zeros(4, 6, 6))
     assert y is not None and "fused_cpu_attention" in type(y.grad_fn).__name__
+
+
+@pytest.mark.parametrize("backend", ["direct", "manual_backward", "fused"])
+def test_softmax_attention_takes_the_direct_form_where_the_backend_does_not_cover_it(backend: str) -> None:
+    q, k, v = (torch.randn(2, 4, 6, 5) for _ in range(3))
+    assert dispatch(backend, q, k, v, attention_preset("softmax")) is None
 
 
 def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
@@ -230,20 +273,30 @@ def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
     assert choice(1, 2048, 4096, 64) == "fused_cpu"  # 134M scores: the direct form would fault in GiBs
     assert choice(128, 36, 36, 4, torch.bfloat16) == "manual_backward"  # the C kernel has no bfloat16
     assert choice(128, 36, 36, 64, torch.bfloat16) == "direct"
+    softmax = attention_preset("softmax")
+    q4, q64 = torch.empty(128, 16, 36, 4), torch.empty(1, 16, 2048, 64)
+    assert cpu_auto_choice(softmax, q4, q4, q4) == "fused_cpu"
+    assert cpu_auto_choice(softmax, q64, q64, q64) == "direct"  # large scores: measured for HYLA only
 
 
-@pytest.mark.parametrize("backend", ["auto", "manual_backward", "fused_cpu"])
-def test_module_matches_direct_form_with_parameter_gradients(backend: str) -> None:
+@pytest.mark.parametrize(
+    ("preset", "backend"), [("hyla", "auto"), ("hyla", "manual_backward"), ("hyla", "fused_cpu"), ("softmax", "auto")]
+)
+def test_module_matches_direct_form_with_parameter_gradients(preset: str, backend: str) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 6, 20)
-    fast = Attention(20, 4, "hyla", relative_position=True, causal=True, backend=backend)
-    ref = Attention(20, 4, "hyla", relative_position=True, causal=True, backend="direct")
+    fast = Attention(20, 4, preset, relative_position=True, causal=True, backend=backend)
+    ref = Attention(20, 4, preset, relative_position=True, causal=True, backend="direct")
     ref.load_state_dict(fast.state_dict())
     out_fast, out_ref = fast(x), ref(x)
     assert _rel(out_fast, out_ref) < 1e-5
+    assert (backend != "manual_backward") == any("fused_cpu_attention" in n for n in autograd_node_names(out_fast))
     out_fast.square().sum().backward()
     out_ref.square().sum().backward()
     for (name, p), p_ref in zip(fast.named_parameters(), ref.parameters()):
+        if preset == "softmax" and name == "k_proj.bias":  # softmax ignores a shift shared by a row's scores:
+            assert p.grad.abs().max() < 1e-6 and p_ref.grad.abs().max() < 1e-6  # zero but for rounding
+            continue
         assert _rel(p.grad, p_ref.grad) < 1e-4, name
 
 
@@ -252,11 +305,13 @@ def test_uncovered_presets_fall_back_or_raise(preset: str) -> None:
     config = attention_preset(preset)
     q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
     assert manual_backward_unsupported_reason(config) is not None
-    assert fused_cpu_unsupported_reason(config, q, k, v) is not None
-    if config.is_hyper:
-        assert dispatch("auto", q, k, v, config) is None  # the direct form
     with pytest.raises(ValueError, match=r"value_network|normalization"):
         manual_backward_hypernetwork_attention(q, k, v, config)
+    if preset != "hyla_plus":  # the C kernel covers every variant but the deep value network
+        assert fused_cpu_unsupported_reason(config, q, k, v) is None
+        return
+    assert fused_cpu_unsupported_reason(config, q, k, v) is not None
+    assert dispatch("auto", q, k, v, config) is None  # the direct form
     with pytest.raises(CpuKernelUnavailableError, match=r"value_network|normalization"):
         fused_cpu_hypernetwork_attention(q, k, v, config)
 
@@ -410,7 +465,8 @@ def test_cpuinfo_field_reads_the_first_line_of_a_key_and_none_for_unknown_keys(
 
 
 def test_fused_cpu_custom_op_passes_opcheck() -> None:
-    """Schema, fake tensor, autograd registration and AOT dispatch of ``hyla::fused_cpu_attention``."""
+    """Schema, fake tensor, autograd registration and AOT dispatch of ``hyla::fused_cpu_attention`` (HYLA's
+    variant and softmax attention's)."""
     gen = torch.Generator().manual_seed(0)
     # q and k as the model passes them (B x T x H x E memory viewed as B x H x T x E), v contiguous
     q = torch.randn(2, 4, 3, 5, generator=gen).transpose(1, 2).requires_grad_()
@@ -419,9 +475,10 @@ def test_fused_cpu_custom_op_passes_opcheck() -> None:
     bias = torch.randn(3, 4, 6, generator=gen, requires_grad=True)
     keep = (torch.rand(1, 4, 6, generator=gen) > 0.3).to(torch.uint8)
     drop = (torch.rand(4, 6, generator=gen) > 0.1).to(torch.uint8)
-    args = (q, k, v, bias, keep, drop, 0.9, 1, True, 1e-6)
-    results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
-    assert set(results.values()) == {"SUCCESS"}, results
+    for norm, linear in ((c_wrapper.NORM_IDS["rms_head"], False), (c_wrapper.NORM_IDS["softmax"], True)):
+        args = (q, k, v, bias, keep, drop, 0.9, 1, norm, linear, 1e-6)
+        results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
+        assert set(results.values()) == {"SUCCESS"}, results
 
 
 _MARCH_PROBE = """
@@ -432,9 +489,12 @@ g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(3, 36, 16, 4, generator=g).transpose(1, 2).requires_grad_() for _ in range(3))
 bias = torch.randn(16, 36, 36, generator=g, requires_grad=True)
 keep = torch.rand(1, 1, 36, 36, generator=g) > 0.1
-y = attend(q, k, v, attention_preset("hyla"), bias=bias, dropout_keep_11xQxK=keep, dropout=0.1)
-grads = torch.autograd.grad(y, (q, k, v, bias), torch.randn(y.shape, generator=g))
-torch.save([y.detach(), *grads], sys.argv[1])
+dy = torch.randn(3, 16, 36, 4, generator=g)
+out = []
+for preset in ("hyla", "softmax"):
+    y = attend(q, k, v, attention_preset(preset), bias=bias, dropout_keep_11xQxK=keep, dropout=0.1)
+    out += [y.detach(), *torch.autograd.grad(y, (q, k, v, bias), dy)]
+torch.save(out, sys.argv[1])
 """
 
 
@@ -442,7 +502,8 @@ torch.save([y.detach(), *grads], sys.argv[1])
 @pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="x86-64 -march targets")
 def test_fused_cpu_relu_results_do_not_depend_on_the_march_target(tmp_path: Path) -> None:
     """The kernel writes its vector sums itself in a fixed order (no -fassociative-math, no contracted
-    multiply-adds), so with phi relu a build for x86-64-v2 (SSE4) and one for this CPU agree bit for bit."""
+    multiply-adds), so with phi relu (HYLA) and for softmax attention (its exponential is the kernel's own
+    float32 arithmetic) a build for x86-64-v2 (SSE4) and one for this CPU agree bit for bit."""
     import os
     import subprocess
     import sys
@@ -454,4 +515,4 @@ def test_fused_cpu_relu_results_do_not_depend_on_the_march_target(tmp_path: Path
         done = subprocess.run([sys.executable, "-c", _MARCH_PROBE, str(out)], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
         outs.append(torch.load(out))
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert len(outs[0]) == 10 and all(torch.equal(a, b) for a, b in zip(*outs))

@@ -113,3 +113,16 @@ def triton_device_or_skip() -> torch.device:
     if not kernel.INTERPRETED:
         pytest.skip("the Triton kernel module was imported before TRITON_INTERPRET=1 was set in this process")
     return torch.device("cpu")
+
+
+def autograd_node_names(t: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes that produced ``t`` (which code paths a forward took)."""
+    names, stack, seen = set(), [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names

@@ -1,4 +1,8 @@
-"""Which implementation computes a hyper value network: the policy behind ``Attention(backend=...)``.
+"""Which implementation computes attention: the policy behind ``Attention(backend=...)``.
+
+A hyper value network (HYLA and its kin) goes to the chosen backend; a linear one (softmax attention itself,
+linear attention) only where the backend covers it (``fused_cpu``, also under ``auto`` on CPU, and
+``chunked``), else the direct form, silently, as before those backends covered it.
 
 ``dispatch`` returns the attention heads ``y_BxHxQxD`` or ``None`` when the caller should use the
 direct form in :mod:`hyla.attention.functional`. Which backend covers which variant (and dtype, device)
@@ -8,7 +12,7 @@ accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
 * ``direct``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
 * ``fused_cpu``: :mod:`hyla.attention.kernels.c`, a C kernel (OpenMP, forward and backward) that
   never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
-  ``value_network="hyper"`` with ``rms_head`` or ``none``, every phi, float32/float64, masks, biases
+  ``value_network`` ``hyper`` or ``linear`` with every normalization, every phi, float32/float64, masks, biases
   broadcastable to ``1xHxQxK``, attention dropout, first-order gradients; registered as the custom ops
   ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
   runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
@@ -31,11 +35,11 @@ accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
 * with attention dropout (a keep-mask given), only the backends whose ``COVERAGE`` entry has
   ``dropout`` run it (``fused_cpu``, also when ``auto`` chooses it); the others leave it to the direct form;
 * ``auto``: on CPU (any non-CUDA device), by :func:`cpu_auto_choice`: ``fused_cpu`` when it covers the
-  case (and a C compiler is there) and head dims are at most 8 or the scores tensor is large, else
-  ``manual_backward`` for head dims up to 16 when it covers the case (e.g. bfloat16), else the direct
-  form, silently. On CUDA, by :func:`cuda_auto_choice`: the direct form for head dims up to 8 with fewer
-  than 2^24 scores (the kernel would be mostly padding); else ``fused`` when the case is covered,
-  otherwise the direct form, with a one-time warning per cause.
+  case (and a C compiler is there) and head dims are at most 8 or (hyper value networks) the scores
+  tensor is large, else ``manual_backward`` for head dims up to 16 when it covers the case (e.g.
+  bfloat16), else the direct form, silently. On CUDA, by :func:`cuda_auto_choice`: the direct form for
+  head dims up to 8 with fewer than 2^24 scores (the kernel would be mostly padding); else ``fused`` when
+  the case is covered, otherwise the direct form, with a one-time warning per cause.
   Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
   signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
@@ -56,7 +60,7 @@ from hyla.attention.config import AttentionConfig, canonical_backend
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
-from hyla.attention.kernels.coverage import COVERAGE
+from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
 from hyla.attention.kernels.manual_backward import (
     manual_backward_hypernetwork_attention,
     manual_backward_unsupported_reason,
@@ -163,7 +167,8 @@ def cpu_auto_choice(
     """What ``backend="auto"`` runs on CPU for this case: ``fused_cpu``, ``manual_backward`` or ``direct``."""
     b, h, nq, e = q_BxHxQxE.shape
     head_dim = max(e, v_BxHxKxD.shape[-1])
-    large = b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
+    # (the large-scores rule was measured for HYLA; softmax attention keeps the C kernel to the head dims measured)
+    large = config.is_hyper and b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
     if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_unsupported_reason(config, *tensors) is None:
         return "fused_cpu"
@@ -216,6 +221,11 @@ def dispatch(
     """
     backend = canonical_backend(backend)
     if backend == "direct":
+        return None
+    if not config.is_hyper and not (
+        (backend == "auto" and q_BxHxQxE.device.type != "cuda")
+        or (backend in COVERAGE and variant_unsupported_reason(backend, config) is None)
+    ):  # a linear value network (softmax attention itself) takes the direct form unless the backend covers it
         return None
     if dropout_keep_11xQxK is not None:  # only a backend that drops may run it: settle auto's choice first
         if backend == "auto" and q_BxHxQxE.device.type != "cuda":

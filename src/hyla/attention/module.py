@@ -113,7 +113,7 @@ class Attention(nn.Module):
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
         backend: ``auto`` | ``direct`` | ``manual_backward`` | ``fused_cpu`` | ``fused`` | ``chunked``; how
-            the hyper value network is computed (see :mod:`hyla.attention.dispatch`: ``auto`` is ``fused``,
+            the attention is computed (see :mod:`hyla.attention.dispatch`: ``auto`` is ``fused``,
             the Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
             ``direct`` is the vectorized form of :mod:`hyla.attention.functional`; ``manual_backward`` the
             same with a hand-derived backward; ``chunked`` processes ``chunk_size`` queries at a time). The
@@ -317,7 +317,7 @@ class Attention(nn.Module):
         return (out, a) if return_latent else out
 
     def _uses_direct_form(self, need_latent: bool) -> bool:
-        if need_latent or self.backend == "direct" or not self.config.is_hyper:
+        if need_latent or self.backend == "direct":
             return True
         hooks = (self.hook_scores, self.hook_latent, self.hook_hidden)
         return any(h.has_hooks for h in hooks)

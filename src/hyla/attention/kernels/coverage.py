@@ -44,9 +44,10 @@ COVERAGE: dict[str, Coverage] = {
     "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
     "manual_backward": Coverage(_KERNEL_NORMALIZATIONS, ("hyper",), vmap=False, first_order_only=True),
     # (the C kernel's vmap rule needs a torch with custom-op vmap rules: see kernels.c.wrapper.HAS_VMAP_RULE)
+    # (each (batch, query) row computes all its heads and keys, so softmax over keys is local to it too)
     "fused_cpu": Coverage(
-        _KERNEL_NORMALIZATIONS,
-        ("hyper",),
+        NORMALIZATIONS,
+        ("hyper", "linear"),
         (torch.float32, torch.float64),
         ("cpu",),
         first_order_only=True,

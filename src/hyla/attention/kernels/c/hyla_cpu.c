@@ -1,5 +1,7 @@
 /* HYLA attention core on CPU, fused: forward and backward per (batch, query) row in cache-sized
- * scratch, never writing a B x H x Q x K tensor. Built and loaded by hyla/attention/kernels/c/wrapper.py
+ * scratch, never writing a B x H x Q x K tensor. The same rows compute the other variants of the paper's
+ * grid that are local to a query row: normalization none, RMSHead or softmax (over the row's keys), and the
+ * value network hyper (HYLA's) or linear (standard multi-head attention's: softmax attention itself). Built and loaded by hyla/attention/kernels/c/wrapper.py
  * (plain C with OpenMP, called through ctypes); compiled once per REAL type (float, double).
  *
  * Inputs and outputs in any strides (element strides of the b, h, t, feature axes, so the transposed views
@@ -14,7 +16,8 @@
  * extensions: the order of every sum is fixed by this source, whatever -march the compiler targets).
  * Padded keys carry zeros and are masked, so they change no sum.
  *
- * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity.
+ * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity. norm: NORM_NONE, NORM_RMS, NORM_SOFTMAX.
+ * linear: 0 the hyper value network, 1 the linear one (phi unused).
  */
 #define _POSIX_C_SOURCE 200112L
 #include <tgmath.h> /* sqrt, exp, erf, tanh of the argument's type */
@@ -35,7 +38,47 @@
 #define VW 8 /* lanes per vector: 36 keys (SRAVEN) pad to 40, 32 (fuzzy logic) to 32 */
 #define ALIGN 64
 typedef REAL vec __attribute__((vector_size(VW * sizeof(REAL))));
+typedef __typeof__((vec){0} > (vec){0}) vmask; /* a comparison's lanes: all bits set where true */
 typedef long long i64;
+
+#define NORM_NONE 0
+#define NORM_RMS 1
+#define NORM_SOFTMAX 2
+#define IS_F32_f32 1
+#define IS_F32_f64 0
+#define IS_F32(suffix) CAT2(IS_F32, suffix)
+
+static inline vec vmax(vec a, vec b) {
+    const vmask gt = a > b;
+    return (vec)((gt & (vmask)a) | (~gt & (vmask)b));
+}
+
+/* exp of each lane, for softmax's exp(s - max) <= 0 (inputs below -87 are taken as -87: exp gives 1.6e-38
+ * there, and the row's sum is at least 1). float: Cephes' expf (round to n ln 2, two-part reduction, degree-7
+ * polynomial, 2^n from the exponent bits), within 2 ulp of exp, in vector lanes with a fixed order of
+ * operations; double: libm's exp, lane by lane. */
+static inline vec vexp(vec x) {
+    x = vmax(x, (vec){0} - (REAL)87);
+#if IS_F32(SUFFIX)
+    typedef int vint __attribute__((vector_size(VW * sizeof(int))));
+    const vec round = (vec){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const vec n = (x * 1.44269504088896341f + round) - round;
+    const vec r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    vec p = (vec){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * (r * r) + r) + 1.0f;
+    const vint scale = (__builtin_convertvector(n, vint) + 127) << 23;
+    return p * (vec)scale;
+#else
+    vec out;
+    for (int i = 0; i < VW; i++) out[i] = exp(x[i]);
+    return out;
+#endif
+}
 
 static inline REAL phi_fwd(int phi, REAL u) {
     switch (phi) {
@@ -66,7 +109,7 @@ static inline REAL hsum(vec x) {
 }
 
 typedef struct {
-    int B, H, Q, K, E, D, KP, NV, rms, phi, keep_batched;
+    int B, H, Q, K, E, D, KP, NV, norm, linear, phi, keep_batched;
     REAL scale, eps, keep_prob;
     const REAL *q, *k, *v;
     i64 qs[4], ks[4], vs[4];
@@ -75,7 +118,8 @@ typedef struct {
 } args_t;
 
 /* one query row's scratch (vectors): normalized code an, code after dropout a, their gradients da, ds
- * (H x NV each), the key-wise factors keepv, dropv, r (NV each), u, g, du (D x NV each) */
+ * (H x NV each), the key-wise factors keepv, dropv, r (NV each), u, g, du (D x NV each; the hyper value
+ * network's) */
 typedef struct {
     vec *an, *a, *da, *ds, *keepv, *dropv, *r, *u, *g, *du;
     REAL *qs; /* scaled q of the row, H x E */
@@ -189,18 +233,37 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
     const REAL *qrow = A->q + b * A->qs[0] + qi * A->qs[2];
     for (int h = 0; h < H; h++)
         for (int e = 0; e < E; e++) s->qs[h * E + e] = qrow[h * A->qs[1] + e * A->qs[3]] * A->scale;
-    /* scores s = scale q.k + bias, masked */
+    /* scores s = scale q.k + bias, masked: zero, or for softmax -1e30 (never the maximum) */
+    const int softmax = A->norm == NORM_SOFTMAX;
     for (int h = 0; h < H; h++) {
         const REAL *qh = s->qs + (size_t)h * E;
         const vec *bh = A->bias ? A->bias + ((size_t)h * A->Q + qi) * NV : NULL;
         for (int c = 0; c < NV; c++) {
             vec acc = bh ? bh[c] : (vec){0};
             for (int e = 0; e < E; e++) acc += qh[e] * kp[((size_t)h * E + e) * NV + c];
-            s->an[(size_t)h * NV + c] = acc * s->keepv[c];
+            s->an[(size_t)h * NV + c] =
+                softmax ? acc * s->keepv[c] + (s->keepv[c] - (REAL)1) * (REAL)1e30 : acc * s->keepv[c];
+        }
+    }
+    /* softmax over the keys of each head; a row with no visible key gets zeros */
+    if (softmax) {
+        for (int h = 0; h < H; h++) {
+            vec *sh = s->an + (size_t)h * NV;
+            vec mv = sh[0];
+            for (int c = 1; c < NV; c++) mv = vmax(mv, sh[c]);
+            REAL mx = mv[0];
+            for (int i = 1; i < VW; i++) mx = mv[i] > mx ? mv[i] : mx;
+            vec total = {0};
+            for (int c = 0; c < NV; c++) {
+                sh[c] = vexp(sh[c] - mx) * s->keepv[c];
+                total += sh[c];
+            }
+            const REAL sum = hsum(total), inv = sum > 0 ? (REAL)1 / sum : (REAL)0;
+            for (int c = 0; c < NV; c++) sh[c] *= inv;
         }
     }
     /* RMSHead over the heads of each key */
-    if (A->rms) {
+    if (A->norm == NORM_RMS) {
         head_dot(s->an, s->an, s->r, H, NV);
         REAL *rr = (REAL *)s->r;
         for (int j = 0; j < KP; j++) rr[j] = (REAL)1 / sqrt(rr[j] / (REAL)H + A->eps);
@@ -213,6 +276,7 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
     } else {
         memcpy(s->a, s->an, sizeof(vec) * H * NV);
     }
+    if (A->linear) return;
     /* the generated value network: u[d, k] = sum_h a[h, k] v[h, k, d], g = phi(u) */
     head_mix(s->a, vp, NV, 1, s->u, H, NV, D);
     const REAL *ur = (const REAL *)s->u;
@@ -223,8 +287,8 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
         for (int i = 0; i < D * KP; i++) gr[i] = phi_fwd(A->phi, ur[i]);
 }
 
-/* forward of rows q0..q1-1 of batch element b: y[h, d] = sum_k a[h, k] g[d, k]; packs b's k, v first unless
- * already packed */
+/* forward of rows q0..q1-1 of batch element b: y[h, d] = sum_k a[h, k] g[d, k] (hyper) or a[h, k] v[h, d, k]
+ * (linear); packs b's k, v first unless already packed */
 INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s, REAL *y,
                          const i64 *ys, const int H, const int NV, const int E, const int D) {
     if (pack) pack_kv(A, b, kp, vp, H, NV, E, D);
@@ -236,9 +300,11 @@ INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int
                 const int n = D - d0 < CHUNK ? D - d0 : CHUNK;
                 vec acc[CHUNK];
                 for (int d = 0; d < n; d++) acc[d] = (vec){0};
+                /* hyper: y[h, d] = sum_k a[h, k] g[d, k]; linear: y[h, d] = sum_k a[h, k] v[h, d, k] */
+                const vec *w = A->linear ? vp + ((size_t)h * D + d0) * NV : s->g + (size_t)d0 * NV;
                 for (int c = 0; c < NV; c++) {
                     const vec ahc = s->a[(size_t)h * NV + c];
-                    for (int d = 0; d < n; d++) acc[d] += ahc * s->g[(size_t)(d0 + d) * NV + c];
+                    for (int d = 0; d < n; d++) acc[d] += ahc * w[(size_t)d * NV + c];
                 }
                 for (int d = 0; d < n; d++) yrow[h * ys[1] + (d0 + d) * ys[3]] = hsum(acc[d]);
             }
@@ -259,37 +325,46 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
         vec dyv[H * D]; /* dy[h, d] of this row, each in all lanes */
         for (int h = 0; h < H; h++)
             for (int d = 0; d < D; d++) dyv[h * D + d] = (vec){0} + dyrow[h * G->dys[1] + d * G->dys[3]];
-        /* through y = a g:  dg[d, k] = sum_h a[h, k] dy[h, d];  da[h, k] = sum_d dy[h, d] g[d, k] */
-        head_mix(s->a, dyv, 1, 0, s->du, H, NV, D);
-        for (int h = 0; h < H; h++)
-            for (int c = 0; c < NV; c++) {
-                vec dac = {0};
-                for (int d = 0; d < D; d++) dac += dyv[h * D + d] * s->g[(size_t)d * NV + c];
-                s->da[(size_t)h * NV + c] = dac;
-            }
-        /* through g = phi(u) */
-        REAL *dur = (REAL *)s->du;
-        const REAL *ur = (const REAL *)s->u, *gr = (const REAL *)s->g;
-        if (phi == 0)
-            for (int i = 0; i < D * KP; i++) dur[i] = ur[i] > 0 ? dur[i] : (REAL)0;
-        else
-            for (int i = 0; i < D * KP; i++) dur[i] *= phi_grad(phi, ur[i], gr[i]);
-        /* through u = a v:  da[h, k] += sum_d du[d, k] v[h, k, d];  dv[h, d, k] += a[h, k] du[d, k]; then
-         * through the dropout */
+        if (!A->linear) {
+            /* through y = a g:  dg[d, k] = sum_h a[h, k] dy[h, d];  da[h, k] = sum_d dy[h, d] g[d, k] */
+            head_mix(s->a, dyv, 1, 0, s->du, H, NV, D);
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < NV; c++) {
+                    vec dac = {0};
+                    for (int d = 0; d < D; d++) dac += dyv[h * D + d] * s->g[(size_t)d * NV + c];
+                    s->da[(size_t)h * NV + c] = dac;
+                }
+            /* through g = phi(u) */
+            REAL *dur = (REAL *)s->du;
+            const REAL *ur = (const REAL *)s->u, *gr = (const REAL *)s->g;
+            if (phi == 0)
+                for (int i = 0; i < D * KP; i++) dur[i] = ur[i] > 0 ? dur[i] : (REAL)0;
+            else
+                for (int i = 0; i < D * KP; i++) dur[i] *= phi_grad(phi, ur[i], gr[i]);
+        }
+        /* through the product with v, w[h, d, k] = du[d, k] (hyper: u = a v) or dy[h, d] (linear: y = a v):
+         * da[h, k] += sum_d w[h, d, k] v[h, k, d];  dv[h, d, k] += a[h, k] w[h, d, k]; then through the dropout */
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) {
                 const vec ahc = s->a[(size_t)h * NV + c];
-                vec dac = s->da[(size_t)h * NV + c];
+                vec dac = A->linear ? (vec){0} : s->da[(size_t)h * NV + c];
                 for (int d = 0; d < D; d++) {
                     const size_t i = ((size_t)h * D + d) * NV + c;
-                    const vec duc = s->du[(size_t)d * NV + c];
-                    dac += duc * vp[i];
-                    dvp[i] += ahc * duc;
+                    const vec w = A->linear ? dyv[h * D + d] : s->du[(size_t)d * NV + c];
+                    dac += w * vp[i];
+                    dvp[i] += ahc * w;
                 }
                 s->da[(size_t)h * NV + c] = A->drop ? dac * s->dropv[c] : dac;
             }
-        /* RMSHead: ds = r (da - an m), m = sum_h an da / H; masked pairs get no gradient */
-        if (A->rms) {
+        if (A->norm == NORM_SOFTMAX) { /* ds = an (da - sum_k an da), per head (masked pairs have an = 0) */
+            for (int h = 0; h < H; h++) {
+                const vec *anh = s->an + (size_t)h * NV, *dah = s->da + (size_t)h * NV;
+                vec dot = {0};
+                for (int c = 0; c < NV; c++) dot += anh[c] * dah[c];
+                const REAL m = hsum(dot);
+                for (int c = 0; c < NV; c++) s->ds[(size_t)h * NV + c] = anh[c] * (dah[c] - m);
+            }
+        } else if (A->norm == NORM_RMS) { /* ds = r (da - an m), m = sum_h an da / H; masked pairs: none */
             vec *m = s->u; /* u is no longer needed */
             head_dot(s->an, s->da, m, H, NV);
             for (int c = 0; c < NV; c++) {
@@ -361,11 +436,11 @@ static backward_fn pick_backward(const args_t *A) {
 
 static void args_init(args_t *A, const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v,
                       const i64 *vs, const unsigned char *keep, int keep_batched, const unsigned char *drop,
-                      REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
-                      int phi) {
+                      REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
+                      REAL eps, int phi) {
     A->B = B; A->H = H; A->Q = Q; A->K = K; A->E = E; A->D = D;
     A->KP = (K + VW - 1) / VW * VW; A->NV = A->KP / VW;
-    A->rms = rms; A->phi = phi; A->keep_batched = keep_batched;
+    A->norm = norm; A->linear = linear; A->phi = phi; A->keep_batched = keep_batched;
     A->scale = scale; A->eps = eps; A->keep_prob = keep_prob;
     A->q = q; A->k = k; A->v = v;
     for (int i = 0; i < 4; i++) { A->qs[i] = qs[i]; A->ks[i] = ks[i]; A->vs[i] = vs[i]; }
@@ -388,10 +463,11 @@ static vec *pack_bias(const args_t *A, const REAL *bias) {
 
 int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
                        const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
-                       REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
-                       int phi, int threads, REAL *y, const i64 *ys) {
+                       REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
+                       REAL eps, int phi, int threads, REAL *y, const i64 *ys) {
     args_t A;
-    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, rms, eps, phi);
+    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
+              phi);
     if (bias && !(A.bias = pack_bias(&A, bias))) return 1;
     const forward_fn forward = pick_forward(&A);
     /* a unit is a batch element's rows, or a block of them when the batch is small for the threads */
@@ -426,11 +502,12 @@ int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *k
 
 int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
                         const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
-                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int rms, REAL eps,
-                        int phi, int threads, const REAL *dy, const i64 *dys, REAL *dq, const i64 *dqs, REAL *dk,
+                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
+                        REAL eps, int phi, int threads, const REAL *dy, const i64 *dys, REAL *dq, const i64 *dqs, REAL *dk,
                         const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias) {
     args_t A;
-    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, rms, eps, phi);
+    args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
+              phi);
     grads_t G;
     G.dy = dy; G.dq = dq; G.dk = dk; G.dv = dv;
     for (int i = 0; i < 4; i++) { G.dys[i] = dys[i]; G.dqs[i] = dqs[i]; G.dks[i] = dks[i]; G.dvs[i] = dvs[i]; }

@@ -1,6 +1,7 @@
-"""Fused HYLA on CPU: the wrapper of a small C kernel (``hyla_cpu.c`` beside this file), forward and backward.
+"""Fused HYLA (and softmax attention) on CPU: the wrapper of a small C kernel (``hyla_cpu.c`` beside this file),
+forward and backward.
 
-Each (batch, query) row computes its scores for all heads and keys, RMSHead, the generated value
+Each (batch, query) row computes its scores for all heads and keys, their normalization, the generated value
 network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is ever written; the
 backward recomputes the row (as FlashAttention does) instead of storing it. q, k, v, the output and
 the gradients are read and written in the strides the model has (``B x T x H x E`` memory viewed as
@@ -17,10 +18,12 @@ depend on the target; the other phis call libm, whose results may. Without a
 working compiler it is unavailable and ``backend="auto"`` uses
 :mod:`hyla.attention.kernels.manual_backward` instead.
 
-Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network="hyper"``
-with ``rms_head`` or ``none``, every phi, float32 and float64, any mask broadcastable to ``Bx1xQxK``,
-any bias broadcastable to ``1xHxQxK`` and attention dropout (a ``QxK`` keep-mask shared over batch and
-heads, as :func:`hyla.attention.functional.drop_pairs` draws it); first-order gradients;
+Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network`` ``hyper``
+(HYLA's) and ``linear`` (standard multi-head attention's) with every ``normalization`` (softmax over a row's
+keys with an exponential of its own: float32 within 2 ulp of ``exp``), every phi, float32 and float64, any
+mask broadcastable to ``Bx1xQxK``, any bias broadcastable to ``1xHxQxK`` and attention dropout (a ``QxK``
+keep-mask shared over batch and heads, as :func:`hyla.attention.functional.drop_pairs` draws it); first-order
+gradients;
 the ops ``hyla::fused_cpu_attention`` and ``hyla::fused_cpu_attention_backward`` carry it through
 autograd, ``torch.compile`` (opaque calls; the library is built while tracing if need be) and
 ``torch.vmap`` (R stacked runs are folded into the batch: one call; a per-run bias or mask goes run by
@@ -55,6 +58,7 @@ BASE_FLAGS = (
 #: the environment variable naming the ``-march`` target (default ``native``)
 MARCH_ENV = "HYLA_CPU_MARCH"
 PHI_IDS = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
+NORM_IDS = {"none": 0, "rms_head": 1, "softmax": 2}  # NORM_NONE, NORM_RMS, NORM_SOFTMAX in the C source
 #: the C functions' suffix for each dtype of ``COVERAGE["fused_cpu"]`` (one compiled copy per C type)
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -208,7 +212,8 @@ def _call_c(
     drop: Tensor | None,
     keep_prob: float,
     phi: int,
-    rms: bool,
+    norm: int,
+    linear: bool,
     eps: float,
     threads: int,
     *buffers: Tensor | None,
@@ -229,7 +234,8 @@ def _call_c(
     failed = getattr(lib, f"hyla_{direction}_{suffix}")(
         _pointer(q), _strides(q), _pointer(k), _strides(k), _pointer(v), _strides(v), _pointer(bias),
         _pointer(keep), ctypes.c_int(keep_batched), _pointer(drop), real(keep_prob), *sizes,
-        real(1.0 / e**0.5), ctypes.c_int(int(rms)), real(eps), ctypes.c_int(phi), ctypes.c_int(threads), *tail,
+        real(1.0 / e**0.5), ctypes.c_int(norm), ctypes.c_int(int(linear)), real(eps), ctypes.c_int(phi),
+        ctypes.c_int(threads), *tail,
     )  # fmt: skip
     if failed:
         raise MemoryError("hyla fused CPU kernel: could not allocate its scratch")
@@ -253,12 +259,13 @@ def _fused_cpu_attention(
     drop: Tensor | None,
     keep_prob: float,
     phi: int,
-    rms: bool,
+    norm: int,
+    linear: bool,
     eps: float,
 ) -> Tensor:
     b, h, nq, _ = q.shape
     y = _output_like_heads_inside(b, h, nq, v.shape[3], q)
-    _call_c("forward", q, k, v, bias, keep, drop, keep_prob, phi, rms, eps, torch.get_num_threads(), y)
+    _call_c("forward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, torch.get_num_threads(), y)
     return y
 
 
@@ -272,7 +279,8 @@ def _fused_cpu_attention_fake(
     drop: Tensor | None,
     keep_prob: float,
     phi: int,
-    rms: bool,
+    norm: int,
+    linear: bool,
     eps: float,
 ) -> Tensor:
     return _output_like_heads_inside(q.shape[0], q.shape[1], q.shape[2], v.shape[3], q)
@@ -289,14 +297,15 @@ def _fused_cpu_attention_backward(
     drop: Tensor | None,
     keep_prob: float,
     phi: int,
-    rms: bool,
+    norm: int,
+    linear: bool,
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if bias is not None and bias_grad else None
     threads = torch.get_num_threads()
-    _call_c("backward", q, k, v, bias, keep, drop, keep_prob, phi, rms, eps, threads, dy, dq, dk, dv, dbias)
+    _call_c("backward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, threads, dy, dq, dk, dv, dbias)
     return dq, dk, dv, (dbias if dbias is not None else q.new_empty(0))
 
 
@@ -311,7 +320,8 @@ def _fused_cpu_attention_backward_fake(
     drop: Tensor | None,
     keep_prob: float,
     phi: int,
-    rms: bool,
+    norm: int,
+    linear: bool,
     eps: float,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -320,18 +330,18 @@ def _fused_cpu_attention_backward_fake(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    q, k, v, bias, keep, drop, keep_prob, phi, rms, eps = inputs
+    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps = inputs
     ctx.save_for_backward(q, k, v, bias, keep, drop)
-    ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps = keep_prob, phi, rms, eps
+    ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps = keep_prob, phi, norm, linear, eps
 
 
 def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
     q, k, v, bias, keep, drop = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias = _fused_cpu_attention_backward(
-        dy, q, k, v, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.rms, ctx.eps, bias_grad
+        dy, q, k, v, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps, bias_grad
     )
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None, None
 
 
 _fused_cpu_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -348,7 +358,7 @@ def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, .
 
 def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
     """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
-    q, k, v, bias, keep, drop, keep_prob, phi, rms, eps = args
+    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps = args
     if any(d is not None for d in in_dims[3:6]):  # per-run bias, mask or dropout: the kernel takes one
         return _slice_by_slice(_fused_cpu_attention, in_dims, args)
     runs = info.batch_size
@@ -356,7 +366,7 @@ def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args:
     q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     if keep is not None and keep.shape[0] > 1:  # one mask per example: repeat it for every run
         keep = keep.repeat(runs, 1, 1)
-    y = _fused_cpu_attention(q, k, v, bias, keep, drop, keep_prob, phi, rms, eps)
+    y = _fused_cpu_attention(q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps)
     return y.reshape(runs, -1, *y.shape[1:]), 0
 
 
@@ -422,6 +432,7 @@ def fused_cpu_hypernetwork_attention(
         drop,
         1.0 - dropout,
         PHI_IDS[config.nonlinearity],
-        config.normalization == "rms_head",
+        NORM_IDS[config.normalization],
+        config.value_network == "linear",
         config.rms_eps,
     )
