@@ -203,7 +203,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backend",
         default="auto",
-        help="how attention computes hyper value networks: " + " | ".join(BACKENDS),
+        help="how attention is computed (docs/backends.md): " + " | ".join(BACKENDS),
     )
     p.add_argument(
         "--dropout",
