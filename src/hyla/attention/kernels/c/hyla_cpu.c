@@ -18,6 +18,11 @@
  *
  * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity. norm: NORM_NONE, NORM_RMS, NORM_SOFTMAX.
  * linear: 0 the hyper value network, 1 the linear one (phi unused).
+ *
+ * saved: NULL, or B x Q x (H + 1) x KP reals (contiguous): each row's normalized code an (H x KP, masked and
+ * padded keys zero) and RMSHead's key-wise factors r (KP; zeros for the other norms). The forward writes it
+ * and the backward reads it instead of computing each row's scores and normalization again (the exponentials
+ * of softmax are most of that); with NULL the backward recomputes them. Either way the same numbers.
  */
 #define _POSIX_C_SOURCE 200112L
 #include <tgmath.h> /* sqrt, exp, erf, tanh of the argument's type */
@@ -115,6 +120,7 @@ typedef struct {
     i64 qs[4], ks[4], vs[4];
     const vec *bias; /* packed H x Q x KP, or NULL */
     const unsigned char *keep, *drop;
+    REAL *saved; /* see the top: written by the forward, read by the backward; or NULL */
 } args_t;
 
 /* one query row's scratch (vectors): normalized code an, code after dropout a, their gradients da, ds
@@ -147,11 +153,13 @@ typedef struct {
     i64 dys[4], dqs[4], dks[4], dvs[4];
 } grads_t;
 
-/* The per-row code below takes the sizes H, NV, E, D as arguments and is always inlined: the kernel's entry
- * points call it through copies specialized to the paper's models (SRAVEN: 16 heads, 36 keys, head dim 4;
- * fuzzy logic: 8 heads, 32 keys, head dim 2), where those sizes are constants and the compiler unrolls the
- * short loops and keeps the accumulators in registers, and through one copy for any other size. Sums over
- * a short axis keep up to CHUNK accumulators at a time. */
+/* The per-row code below takes the sizes H, NV, E, D and the variant (NORM, LIN: A->norm, A->linear) as
+ * arguments and is always inlined: the kernel's entry points call it through copies specialized to the paper's
+ * models (SRAVEN: 16 heads, 36 keys, head dim 4; fuzzy logic: 8 heads, 32 keys, head dim 2), where those sizes
+ * are constants and the compiler unrolls the short loops and keeps the accumulators in registers; HYLA's and
+ * softmax attention's copies also fix the variant, so no choice between variants is left inside their loops
+ * (the arithmetic is the same in every copy). Other variants at those sizes, and any other size, take copies
+ * that read the variant at run time. Sums over a short axis keep up to CHUNK accumulators at a time. */
 #define INLINE static inline __attribute__((always_inline))
 #define CHUNK 8
 
@@ -218,9 +226,8 @@ INLINE void head_mix(const vec *a, const vec *w, const size_t hd_stride, const s
         }
 }
 
-/* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g */
-INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, const int H,
-                        const int NV, const int E, const int D) {
+/* row (b, qi)'s key-wise factors keepv (mask) and dropv (dropout), and its scaled query s->qs */
+INLINE void row_begin(const args_t *A, int b, int qi, row_t *s, const int H, const int NV, const int E) {
     const int K = A->K, KP = NV * VW;
     REAL *keepr = (REAL *)s->keepv, *dropr = (REAL *)s->dropv;
     const unsigned char *kq = A->keep ? A->keep + ((size_t)(A->keep_batched ? b : 0) * A->Q + qi) * K : NULL;
@@ -233,8 +240,14 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
     const REAL *qrow = A->q + b * A->qs[0] + qi * A->qs[2];
     for (int h = 0; h < H; h++)
         for (int e = 0; e < E; e++) s->qs[h * E + e] = qrow[h * A->qs[1] + e * A->qs[3]] * A->scale;
+}
+
+/* the normalized code s->an (and s->r) of the row that row_begin set up */
+INLINE void row_code(const args_t *A, const vec *kp, int qi, row_t *s, const int H, const int NV, const int E,
+                     const int NORM) {
+    const int KP = NV * VW;
     /* scores s = scale q.k + bias, masked: zero, or for softmax -1e30 (never the maximum) */
-    const int softmax = A->norm == NORM_SOFTMAX;
+    const int softmax = NORM == NORM_SOFTMAX;
     for (int h = 0; h < H; h++) {
         const REAL *qh = s->qs + (size_t)h * E;
         const vec *bh = A->bias ? A->bias + ((size_t)h * A->Q + qi) * NV : NULL;
@@ -263,20 +276,30 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
         }
     }
     /* RMSHead over the heads of each key */
-    if (A->norm == NORM_RMS) {
+    if (NORM == NORM_RMS) {
         head_dot(s->an, s->an, s->r, H, NV);
         REAL *rr = (REAL *)s->r;
         for (int j = 0; j < KP; j++) rr[j] = (REAL)1 / sqrt(rr[j] / (REAL)H + A->eps);
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) s->an[(size_t)h * NV + c] *= s->r[c];
     }
+}
+
+/* where row (b, qi)'s an and r are kept in A->saved */
+INLINE REAL *saved_row(const args_t *A, int b, int qi, const int H, const int NV) {
+    return A->saved + ((size_t)b * A->Q + qi) * (size_t)(H + 1) * NV * VW;
+}
+
+/* from s->an: the code after dropout s->a and, for the hyper value network, s->u and s->g */
+INLINE void row_end(const args_t *A, const vec *vp, row_t *s, const int H, const int NV, const int D, const int LIN) {
+    const int KP = NV * VW;
     if (A->drop) {
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) s->a[(size_t)h * NV + c] = s->an[(size_t)h * NV + c] * s->dropv[c];
     } else {
         memcpy(s->a, s->an, sizeof(vec) * H * NV);
     }
-    if (A->linear) return;
+    if (LIN) return;
     /* the generated value network: u[d, k] = sum_h a[h, k] v[h, k, d], g = phi(u) */
     head_mix(s->a, vp, NV, 1, s->u, H, NV, D);
     const REAL *ur = (const REAL *)s->u;
@@ -287,13 +310,37 @@ INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, in
         for (int i = 0; i < D * KP; i++) gr[i] = phi_fwd(A->phi, ur[i]);
 }
 
+/* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g; with A->saved, an and r
+ * from there when restore, else computed and written there */
+INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, int restore,
+                        const int H, const int NV, const int E, const int D, const int NORM, const int LIN) {
+    row_begin(A, b, qi, s, H, NV, E);
+    if (restore) {
+        const REAL *kept = saved_row(A, b, qi, H, NV);
+        memcpy(s->an, kept, sizeof(vec) * H * NV);
+        if (NORM == NORM_RMS) memcpy(s->r, kept + (size_t)H * NV * VW, sizeof(vec) * NV);
+    } else {
+        row_code(A, kp, qi, s, H, NV, E, NORM);
+        if (A->saved) {
+            REAL *kept = saved_row(A, b, qi, H, NV);
+            memcpy(kept, s->an, sizeof(vec) * H * NV);
+            if (NORM == NORM_RMS)
+                memcpy(kept + (size_t)H * NV * VW, s->r, sizeof(vec) * NV);
+            else /* unused, but every byte of the output is set */
+                memset(kept + (size_t)H * NV * VW, 0, sizeof(vec) * NV);
+        }
+    }
+    row_end(A, vp, s, H, NV, D, LIN);
+}
+
 /* forward of rows q0..q1-1 of batch element b: y[h, d] = sum_k a[h, k] g[d, k] (hyper) or a[h, k] v[h, d, k]
  * (linear); packs b's k, v first unless already packed */
 INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s, REAL *y,
-                         const i64 *ys, const int H, const int NV, const int E, const int D) {
+                         const i64 *ys, const int H, const int NV, const int E, const int D, const int NORM,
+                         const int LIN) {
     if (pack) pack_kv(A, b, kp, vp, H, NV, E, D);
     for (int qi = q0; qi < q1; qi++) {
-        row_forward(A, kp, vp, b, qi, s, H, NV, E, D);
+        row_forward(A, kp, vp, b, qi, s, 0, H, NV, E, D, NORM, LIN);
         REAL *yrow = y + b * ys[0] + qi * ys[2];
         for (int h = 0; h < H; h++)
             for (int d0 = 0; d0 < D; d0 += CHUNK) {
@@ -301,7 +348,7 @@ INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int
                 vec acc[CHUNK];
                 for (int d = 0; d < n; d++) acc[d] = (vec){0};
                 /* hyper: y[h, d] = sum_k a[h, k] g[d, k]; linear: y[h, d] = sum_k a[h, k] v[h, d, k] */
-                const vec *w = A->linear ? vp + ((size_t)h * D + d0) * NV : s->g + (size_t)d0 * NV;
+                const vec *w = LIN ? vp + ((size_t)h * D + d0) * NV : s->g + (size_t)d0 * NV;
                 for (int c = 0; c < NV; c++) {
                     const vec ahc = s->a[(size_t)h * NV + c];
                     for (int d = 0; d < n; d++) acc[d] += ahc * w[(size_t)d * NV + c];
@@ -314,18 +361,19 @@ INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int
 
 /* backward of batch element b's rows: packs its k, v, sums its dk, dv in dkp, dvp and writes them out */
 INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, vec *dkp, vec *dvp, vec *dbp, int b,
-                          row_t *s, const int H, const int NV, const int E, const int D) {
+                          row_t *s, const int H, const int NV, const int E, const int D, const int NORM,
+                          const int LIN) {
     const int KP = NV * VW, Q = A->Q, phi = A->phi;
     pack_kv(A, b, kp, vp, H, NV, E, D);
     memset(dkp, 0, sizeof(vec) * H * E * NV);
     memset(dvp, 0, sizeof(vec) * H * D * NV);
     for (int qi = 0; qi < Q; qi++) {
-        row_forward(A, kp, vp, b, qi, s, H, NV, E, D);
+        row_forward(A, kp, vp, b, qi, s, A->saved != NULL, H, NV, E, D, NORM, LIN);
         const REAL *dyrow = G->dy + b * G->dys[0] + qi * G->dys[2];
         vec dyv[H * D]; /* dy[h, d] of this row, each in all lanes */
         for (int h = 0; h < H; h++)
             for (int d = 0; d < D; d++) dyv[h * D + d] = (vec){0} + dyrow[h * G->dys[1] + d * G->dys[3]];
-        if (!A->linear) {
+        if (!LIN) {
             /* through y = a g:  dg[d, k] = sum_h a[h, k] dy[h, d];  da[h, k] = sum_d dy[h, d] g[d, k] */
             head_mix(s->a, dyv, 1, 0, s->du, H, NV, D);
             for (int h = 0; h < H; h++)
@@ -347,16 +395,16 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) {
                 const vec ahc = s->a[(size_t)h * NV + c];
-                vec dac = A->linear ? (vec){0} : s->da[(size_t)h * NV + c];
+                vec dac = LIN ? (vec){0} : s->da[(size_t)h * NV + c];
                 for (int d = 0; d < D; d++) {
                     const size_t i = ((size_t)h * D + d) * NV + c;
-                    const vec w = A->linear ? dyv[h * D + d] : s->du[(size_t)d * NV + c];
+                    const vec w = LIN ? dyv[h * D + d] : s->du[(size_t)d * NV + c];
                     dac += w * vp[i];
                     dvp[i] += ahc * w;
                 }
                 s->da[(size_t)h * NV + c] = A->drop ? dac * s->dropv[c] : dac;
             }
-        if (A->norm == NORM_SOFTMAX) { /* ds = an (da - sum_k an da), per head (masked pairs have an = 0) */
+        if (NORM == NORM_SOFTMAX) { /* ds = an (da - sum_k an da), per head (masked pairs have an = 0) */
             for (int h = 0; h < H; h++) {
                 const vec *anh = s->an + (size_t)h * NV, *dah = s->da + (size_t)h * NV;
                 vec dot = {0};
@@ -364,7 +412,7 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
                 const REAL m = hsum(dot);
                 for (int c = 0; c < NV; c++) s->ds[(size_t)h * NV + c] = anh[c] * (dah[c] - m);
             }
-        } else if (A->norm == NORM_RMS) { /* ds = r (da - an m), m = sum_h an da / H; masked pairs: none */
+        } else if (NORM == NORM_RMS) { /* ds = r (da - an m), m = sum_h an da / H; masked pairs: none */
             vec *m = s->u; /* u is no longer needed */
             head_dot(s->an, s->da, m, H, NV);
             for (int c = 0; c < NV; c++) {
@@ -409,30 +457,38 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
 /* the specialized copies (see above) and the general one */
 typedef void (*forward_fn)(const args_t *, vec *, vec *, int, int, int, int, row_t *, REAL *, const i64 *);
 typedef void (*backward_fn)(const args_t *, const grads_t *, vec *, vec *, vec *, vec *, vec *, int, row_t *);
-#define SPECIALIZE(tag, h, nv, e, d)                                                                               \
+#define SPECIALIZE(tag, h, nv, e, d, norm, lin)                                                                    \
     static void forward_##tag(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s,      \
                               REAL *y, const i64 *ys) {                                                           \
-        forward_rows(A, kp, vp, pack, b, q0, q1, s, y, ys, h, nv, e, d);                                          \
+        forward_rows(A, kp, vp, pack, b, q0, q1, s, y, ys, h, nv, e, d, norm, lin);                               \
     }                                                                                                             \
     static void backward_##tag(const args_t *A, const grads_t *G, vec *kp, vec *vp, vec *dkp, vec *dvp, vec *dbp,  \
                                int b, row_t *s) {                                                                 \
-        backward_rows(A, G, kp, vp, dkp, dvp, dbp, b, s, h, nv, e, d);                                            \
+        backward_rows(A, G, kp, vp, dkp, dvp, dbp, b, s, h, nv, e, d, norm, lin);                                 \
     }
-SPECIALIZE(sraven, 16, 5, 4, 4)
-SPECIALIZE(fuzzy, 8, 4, 2, 2)
-SPECIALIZE(any, A->H, A->NV, A->E, A->D)
+SPECIALIZE(sraven_hyla, 16, 5, 4, 4, NORM_RMS, 0)
+SPECIALIZE(sraven_softmax, 16, 5, 4, 4, NORM_SOFTMAX, 1)
+SPECIALIZE(sraven, 16, 5, 4, 4, A->norm, A->linear)
+SPECIALIZE(fuzzy_hyla, 8, 4, 2, 2, NORM_RMS, 0)
+SPECIALIZE(fuzzy_softmax, 8, 4, 2, 2, NORM_SOFTMAX, 1)
+SPECIALIZE(fuzzy, 8, 4, 2, 2, A->norm, A->linear)
+SPECIALIZE(any, A->H, A->NV, A->E, A->D, A->norm, A->linear)
 
-static forward_fn pick_forward(const args_t *A) {
-    if (A->H == 16 && A->NV == 5 && A->E == 4 && A->D == 4) return forward_sraven;
-    if (A->H == 8 && A->NV == 4 && A->E == 2 && A->D == 2) return forward_fuzzy;
-    return forward_any;
-}
+/* the copy for A's sizes and variant (fn: forward or backward) */
+#define PICK(A, fn)                                                                                                \
+    do {                                                                                                          \
+        const int hyla_ = (A)->norm == NORM_RMS && !(A)->linear;                                                  \
+        const int softmax_ = (A)->norm == NORM_SOFTMAX && (A)->linear;                                            \
+        if ((A)->H == 16 && (A)->NV == 5 && (A)->E == 4 && (A)->D == 4)                                           \
+            return hyla_ ? fn##_sraven_hyla : softmax_ ? fn##_sraven_softmax : fn##_sraven;                       \
+        if ((A)->H == 8 && (A)->NV == 4 && (A)->E == 2 && (A)->D == 2)                                            \
+            return hyla_ ? fn##_fuzzy_hyla : softmax_ ? fn##_fuzzy_softmax : fn##_fuzzy;                          \
+        return fn##_any;                                                                                          \
+    } while (0)
 
-static backward_fn pick_backward(const args_t *A) {
-    if (A->H == 16 && A->NV == 5 && A->E == 4 && A->D == 4) return backward_sraven;
-    if (A->H == 8 && A->NV == 4 && A->E == 2 && A->D == 2) return backward_fuzzy;
-    return backward_any;
-}
+static forward_fn pick_forward(const args_t *A) { PICK(A, forward); }
+
+static backward_fn pick_backward(const args_t *A) { PICK(A, backward); }
 
 static void args_init(args_t *A, const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v,
                       const i64 *vs, const unsigned char *keep, int keep_batched, const unsigned char *drop,
@@ -444,7 +500,7 @@ static void args_init(args_t *A, const REAL *q, const i64 *qs, const REAL *k, co
     A->scale = scale; A->eps = eps; A->keep_prob = keep_prob;
     A->q = q; A->k = k; A->v = v;
     for (int i = 0; i < 4; i++) { A->qs[i] = qs[i]; A->ks[i] = ks[i]; A->vs[i] = vs[i]; }
-    A->bias = NULL; A->keep = keep; A->drop = drop;
+    A->bias = NULL; A->keep = keep; A->drop = drop; A->saved = NULL;
 }
 
 /* bias H x Q x K as H x Q x KP vectors (pads zero); NULL if it cannot be allocated */
@@ -464,10 +520,11 @@ static vec *pack_bias(const args_t *A, const REAL *bias) {
 int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
                        const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
-                       REAL eps, int phi, int threads, REAL *y, const i64 *ys) {
+                       REAL eps, int phi, int threads, REAL *y, const i64 *ys, REAL *saved) {
     args_t A;
     args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
               phi);
+    A.saved = saved;
     if (bias && !(A.bias = pack_bias(&A, bias))) return 1;
     const forward_fn forward = pick_forward(&A);
     /* a unit is a batch element's rows, or a block of them when the batch is small for the threads */
@@ -504,10 +561,11 @@ int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *
                         const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                         REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
                         REAL eps, int phi, int threads, const REAL *dy, const i64 *dys, REAL *dq, const i64 *dqs, REAL *dk,
-                        const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias) {
+                        const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias, const REAL *saved) {
     args_t A;
     args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
               phi);
+    A.saved = (REAL *)saved; /* only read */
     grads_t G;
     G.dy = dy; G.dq = dq; G.dk = dk; G.dv = dv;
     for (int i = 0; i < 4; i++) { G.dys[i] = dys[i]; G.dqs[i] = dqs[i]; G.dks[i] = dks[i]; G.dvs[i] = dvs[i]; }
