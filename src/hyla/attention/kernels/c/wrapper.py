@@ -378,12 +378,15 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, _ = inputs
     code = output[1]
     ctx.mark_non_differentiable(code)
+    ctx.set_materialize_grads(False)  # else every backward fills a zero gradient of the code (megabytes)
     ctx.save_for_backward(q, k, v, bias, keep, drop, code)
     ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps = keep_prob, phi, norm, linear, eps
 
 
-def _backward(ctx: Any, dy: Tensor, _dcode: Tensor | None) -> tuple[Tensor | None, ...]:
+def _backward(ctx: Any, dy: Tensor | None, _dcode: Tensor | None) -> tuple[Tensor | None, ...]:
     q, k, v, bias, keep, drop, code = ctx.saved_tensors
+    if dy is None:  # the output took no part in what is differentiated
+        return (None,) * 12
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias = _fused_cpu_attention_backward(
         dy, q, k, v, bias, keep, drop, code, ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps, bias_grad
