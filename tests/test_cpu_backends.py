@@ -477,71 +477,9 @@ def test_fused_cpu_custom_op_passes_opcheck() -> None:
     keep = (torch.rand(1, 4, 6, generator=gen) > 0.3).to(torch.uint8)
     drop = (torch.rand(4, 6, generator=gen) > 0.1).to(torch.uint8)
     for norm, linear in ((c_wrapper.NORM_IDS["rms_head"], False), (c_wrapper.NORM_IDS["softmax"], True)):
-        for keep_code in (False, True):
-            args = (q, k, v, bias, keep, drop, 0.9, 1, norm, linear, 1e-6, keep_code)
-            results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
-            assert set(results.values()) == {"SUCCESS"}, results
-
-
-@pytest.mark.parametrize("preset", ["softmax", "hyla", "linear", "hyla_softmax"])
-@pytest.mark.parametrize("sizes", [(16, 36, 4, 36), (3, 11, 5, 7)])  # a specialized copy's and the general one's
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fused_cpu_backward_from_the_kept_code_equals_recomputing_it(
-    preset: str, sizes: tuple[int, int, int, int], dtype: torch.dtype
-) -> None:
-    """The forward that keeps each row's normalized code gives the same output, and the backward that reads it
-    the same gradients, bit for bit, as the forward and backward that recompute it, for every normalization
-    (the library keeps it for softmax only; the kernel can for all)."""
-    h, nk, e, nq = sizes
-    config = attention_preset(preset)
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(4, nq, h, e, generator=gen, dtype=dtype).transpose(1, 2)
-    k, v = (torch.randn(4, nk, h, e, generator=gen, dtype=dtype).transpose(1, 2) for _ in range(2))
-    bias = torch.randn(h, nq, nk, generator=gen, dtype=dtype)
-    keep = (torch.rand(4, nq, nk, generator=gen) > 0.2).to(torch.uint8)
-    keep[0, 0] = 0  # a row with no visible key
-    drop = (torch.rand(nq, nk, generator=gen) > 0.1).to(torch.uint8)
-    settings = (0.9, c_wrapper.PHI_IDS[config.nonlinearity], c_wrapper.NORM_IDS[config.normalization])
-    settings += (config.value_network == "linear", config.rms_eps)
-    dy = torch.randn(4, h, nq, e, generator=gen, dtype=dtype)
-    results = []
-    for keep_code in (False, True):
-        y, code = torch.ops.hyla.fused_cpu_attention(q, k, v, bias, keep, drop, *settings, keep_code)
-        assert code.numel() == (4 * nq * (h + 1) * -(-nk // c_wrapper.LANES) * c_wrapper.LANES if keep_code else 0)
-        grads = torch.ops.hyla.fused_cpu_attention_backward(dy, q, k, v, bias, keep, drop, code, *settings, True)
-        results.append([y, *grads])
-    assert all(torch.equal(a, b) for a, b in zip(*results))
-    assert all(t.isfinite().all() and t.abs().sum() > 0 for t in results[0])
-
-
-def test_the_forward_keeps_the_code_for_softmax_backwards_within_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Which forwards keep the normalized code: softmax's with a backward ahead, not HYLA's (recomputing its
-    row is cheaper than writing and reading it), not without a backward, not above the limit."""
-    q = torch.empty(128, 16, 36, 4)
-    assert c_wrapper.keeps_code(q, 36, True, "softmax")
-    assert not c_wrapper.keeps_code(q, 36, True, "rms_head")
-    assert not c_wrapper.keeps_code(q, 36, False, "softmax")
-    long = torch.empty(8, 16, 2048, 64)  # a language model's layer: gigabytes
-    assert not c_wrapper.keeps_code(long, 2048, True, "softmax")
-    monkeypatch.setattr(c_wrapper, "SAVED_CODE_MAX_BYTES", 0)
-    assert not c_wrapper.keeps_code(q, 36, True, "softmax")
-    # and the module's training forward takes the path the rule says: the code is in the autograd graph
-    x = torch.randn(2, 36, 64, requires_grad=True)
-    calls: list[bool] = []
-    op = torch.ops.hyla.fused_cpu_attention
-
-    def recording(*args: object) -> object:
-        calls.append(bool(args[-1]))
-        return op(*args)
-
-    monkeypatch.setattr(c_wrapper, "_fused_cpu_attention", recording)
-    monkeypatch.setattr(c_wrapper, "SAVED_CODE_MAX_BYTES", 64 * 2**20)
-    for preset in ("softmax", "hyla"):
-        module = Attention(64, 16, preset, backend="fused_cpu")
-        module(x).sum().backward()
-        with torch.no_grad():
-            module(x)
-    assert calls == [True, False, False, False]
+        args = (q, k, v, bias, keep, drop, 0.9, 1, norm, linear, 1e-6)
+        results = torch.library.opcheck(torch.ops.hyla.fused_cpu_attention.default, args)
+        assert set(results.values()) == {"SUCCESS"}, results
 
 
 _MARCH_PROBE = """

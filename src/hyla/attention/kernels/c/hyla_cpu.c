@@ -18,11 +18,6 @@
  *
  * phi: 0 relu, 1 silu, 2 gelu (erf), 3 sigmoid, 4 tanh, 5 identity. norm: NORM_NONE, NORM_RMS, NORM_SOFTMAX.
  * linear: 0 the hyper value network, 1 the linear one (phi unused).
- *
- * saved: NULL, or B x Q x (H + 1) x KP reals (contiguous): each row's normalized code an (H x KP, masked and
- * padded keys zero) and RMSHead's key-wise factors r (KP; zeros for the other norms). The forward writes it
- * and the backward reads it instead of computing each row's scores and normalization again (the exponentials
- * of softmax are most of that); with NULL the backward recomputes them. Either way the same numbers.
  */
 #define _POSIX_C_SOURCE 200112L
 #include <tgmath.h> /* sqrt, exp, erf, tanh of the argument's type */
@@ -120,7 +115,6 @@ typedef struct {
     i64 qs[4], ks[4], vs[4];
     const vec *bias; /* packed H x Q x KP, or NULL */
     const unsigned char *keep, *drop;
-    REAL *saved; /* see the top: written by the forward, read by the backward; or NULL */
 } args_t;
 
 /* one query row's scratch (vectors): normalized code an, code after dropout a, their gradients da, ds
@@ -226,8 +220,9 @@ INLINE void head_mix(const vec *a, const vec *w, const size_t hd_stride, const s
         }
 }
 
-/* row (b, qi)'s key-wise factors keepv (mask) and dropv (dropout), and its scaled query s->qs */
-INLINE void row_begin(const args_t *A, int b, int qi, row_t *s, const int H, const int NV, const int E) {
+/* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g */
+INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, const int H,
+                        const int NV, const int E, const int D, const int NORM, const int LIN) {
     const int K = A->K, KP = NV * VW;
     REAL *keepr = (REAL *)s->keepv, *dropr = (REAL *)s->dropv;
     const unsigned char *kq = A->keep ? A->keep + ((size_t)(A->keep_batched ? b : 0) * A->Q + qi) * K : NULL;
@@ -240,12 +235,6 @@ INLINE void row_begin(const args_t *A, int b, int qi, row_t *s, const int H, con
     const REAL *qrow = A->q + b * A->qs[0] + qi * A->qs[2];
     for (int h = 0; h < H; h++)
         for (int e = 0; e < E; e++) s->qs[h * E + e] = qrow[h * A->qs[1] + e * A->qs[3]] * A->scale;
-}
-
-/* the normalized code s->an (and s->r) of the row that row_begin set up */
-INLINE void row_code(const args_t *A, const vec *kp, int qi, row_t *s, const int H, const int NV, const int E,
-                     const int NORM) {
-    const int KP = NV * VW;
     /* scores s = scale q.k + bias, masked: zero, or for softmax -1e30 (never the maximum) */
     const int softmax = NORM == NORM_SOFTMAX;
     for (int h = 0; h < H; h++) {
@@ -283,16 +272,6 @@ INLINE void row_code(const args_t *A, const vec *kp, int qi, row_t *s, const int
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) s->an[(size_t)h * NV + c] *= s->r[c];
     }
-}
-
-/* where row (b, qi)'s an and r are kept in A->saved */
-INLINE REAL *saved_row(const args_t *A, int b, int qi, const int H, const int NV) {
-    return A->saved + ((size_t)b * A->Q + qi) * (size_t)(H + 1) * NV * VW;
-}
-
-/* from s->an: the code after dropout s->a and, for the hyper value network, s->u and s->g */
-INLINE void row_end(const args_t *A, const vec *vp, row_t *s, const int H, const int NV, const int D, const int LIN) {
-    const int KP = NV * VW;
     if (A->drop) {
         for (int h = 0; h < H; h++)
             for (int c = 0; c < NV; c++) s->a[(size_t)h * NV + c] = s->an[(size_t)h * NV + c] * s->dropv[c];
@@ -310,29 +289,6 @@ INLINE void row_end(const args_t *A, const vec *vp, row_t *s, const int H, const
         for (int i = 0; i < D * KP; i++) gr[i] = phi_fwd(A->phi, ur[i]);
 }
 
-/* row (b, qi) forward: s->an (normalized code), s->a (after dropout), s->r, s->u, s->g; with A->saved, an and r
- * from there when restore, else computed and written there */
-INLINE void row_forward(const args_t *A, const vec *kp, const vec *vp, int b, int qi, row_t *s, int restore,
-                        const int H, const int NV, const int E, const int D, const int NORM, const int LIN) {
-    row_begin(A, b, qi, s, H, NV, E);
-    if (restore) {
-        const REAL *kept = saved_row(A, b, qi, H, NV);
-        memcpy(s->an, kept, sizeof(vec) * H * NV);
-        if (NORM == NORM_RMS) memcpy(s->r, kept + (size_t)H * NV * VW, sizeof(vec) * NV);
-    } else {
-        row_code(A, kp, qi, s, H, NV, E, NORM);
-        if (A->saved) {
-            REAL *kept = saved_row(A, b, qi, H, NV);
-            memcpy(kept, s->an, sizeof(vec) * H * NV);
-            if (NORM == NORM_RMS)
-                memcpy(kept + (size_t)H * NV * VW, s->r, sizeof(vec) * NV);
-            else /* unused, but every byte of the output is set */
-                memset(kept + (size_t)H * NV * VW, 0, sizeof(vec) * NV);
-        }
-    }
-    row_end(A, vp, s, H, NV, D, LIN);
-}
-
 /* forward of rows q0..q1-1 of batch element b: y[h, d] = sum_k a[h, k] g[d, k] (hyper) or a[h, k] v[h, d, k]
  * (linear); packs b's k, v first unless already packed */
 INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int q0, int q1, row_t *s, REAL *y,
@@ -340,7 +296,7 @@ INLINE void forward_rows(const args_t *A, vec *kp, vec *vp, int pack, int b, int
                          const int LIN) {
     if (pack) pack_kv(A, b, kp, vp, H, NV, E, D);
     for (int qi = q0; qi < q1; qi++) {
-        row_forward(A, kp, vp, b, qi, s, 0, H, NV, E, D, NORM, LIN);
+        row_forward(A, kp, vp, b, qi, s, H, NV, E, D, NORM, LIN);
         REAL *yrow = y + b * ys[0] + qi * ys[2];
         for (int h = 0; h < H; h++)
             for (int d0 = 0; d0 < D; d0 += CHUNK) {
@@ -368,7 +324,7 @@ INLINE void backward_rows(const args_t *A, const grads_t *G, vec *kp, vec *vp, v
     memset(dkp, 0, sizeof(vec) * H * E * NV);
     memset(dvp, 0, sizeof(vec) * H * D * NV);
     for (int qi = 0; qi < Q; qi++) {
-        row_forward(A, kp, vp, b, qi, s, A->saved != NULL, H, NV, E, D, NORM, LIN);
+        row_forward(A, kp, vp, b, qi, s, H, NV, E, D, NORM, LIN);
         const REAL *dyrow = G->dy + b * G->dys[0] + qi * G->dys[2];
         vec dyv[H * D]; /* dy[h, d] of this row, each in all lanes */
         for (int h = 0; h < H; h++)
@@ -500,7 +456,7 @@ static void args_init(args_t *A, const REAL *q, const i64 *qs, const REAL *k, co
     A->scale = scale; A->eps = eps; A->keep_prob = keep_prob;
     A->q = q; A->k = k; A->v = v;
     for (int i = 0; i < 4; i++) { A->qs[i] = qs[i]; A->ks[i] = ks[i]; A->vs[i] = vs[i]; }
-    A->bias = NULL; A->keep = keep; A->drop = drop; A->saved = NULL;
+    A->bias = NULL; A->keep = keep; A->drop = drop;
 }
 
 /* bias H x Q x K as H x Q x KP vectors (pads zero); NULL if it cannot be allocated */
@@ -520,11 +476,10 @@ static vec *pack_bias(const args_t *A, const REAL *bias) {
 int NAME(hyla_forward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *ks, const REAL *v, const i64 *vs,
                        const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                        REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
-                       REAL eps, int phi, int threads, REAL *y, const i64 *ys, REAL *saved) {
+                       REAL eps, int phi, int threads, REAL *y, const i64 *ys) {
     args_t A;
     args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
               phi);
-    A.saved = saved;
     if (bias && !(A.bias = pack_bias(&A, bias))) return 1;
     const forward_fn forward = pick_forward(&A);
     /* a unit is a batch element's rows, or a block of them when the batch is small for the threads */
@@ -561,11 +516,10 @@ int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *
                         const REAL *bias, const unsigned char *keep, int keep_batched, const unsigned char *drop,
                         REAL keep_prob, int B, int H, int Q, int K, int E, int D, REAL scale, int norm, int linear,
                         REAL eps, int phi, int threads, const REAL *dy, const i64 *dys, REAL *dq, const i64 *dqs, REAL *dk,
-                        const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias, const REAL *saved) {
+                        const i64 *dks, REAL *dv, const i64 *dvs, REAL *dbias) {
     args_t A;
     args_init(&A, q, qs, k, ks, v, vs, keep, keep_batched, drop, keep_prob, B, H, Q, K, E, D, scale, norm, linear, eps,
               phi);
-    A.saved = (REAL *)saved; /* only read */
     grads_t G;
     G.dy = dy; G.dq = dq; G.dk = dk; G.dv = dv;
     for (int i = 0; i < 4; i++) { G.dys[i] = dys[i]; G.dqs[i] = dqs[i]; G.dks[i] = dks[i]; G.dvs[i] = dvs[i]; }

@@ -2,11 +2,8 @@
 forward and backward.
 
 Each (batch, query) row computes its scores for all heads and keys, their normalization, the generated value
-network and its output in cache-sized scratch. For softmax, when it is small (at most
-:data:`SAVED_CODE_MAX_BYTES`: the paper's task models), the forward keeps each row's normalized code
-(``B x Q x (H + 1) x K`` reals) for the backward, which then skips the scores and the exponentials; otherwise
-the backward recomputes the row (as FlashAttention does), so long sequences never hold a ``B x H x Q x K``
-tensor. Both give the same numbers, bit for bit. q, k, v, the output and
+network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is ever written; the
+backward recomputes the row (as FlashAttention does) instead of storing it. q, k, v, the output and
 the gradients are read and written in the strides the model has (``B x T x H x E`` memory viewed as
 ``B x H x T x E``), so no transpose is copied on the way in or out. On the 2-core machine, one
 thread, this makes the SRAVEN paper model's HYLA step 0.79x softmax's (``results/kernel_speed_40``).
@@ -61,12 +58,6 @@ BASE_FLAGS = (
 #: the environment variable naming the ``-march`` target (default ``native``)
 MARCH_ENV = "HYLA_CPU_MARCH"
 PHI_IDS = {"relu": 0, "silu": 1, "gelu": 2, "sigmoid": 3, "tanh": 4, "identity": 5}
-#: the largest normalized code (per call, bytes) the forward keeps for the backward: a SRAVEN paper layer's
-#: (batch 128, 36 x 40 padded keys, 17 x 4 bytes) is 12.5 MB; a long sequence's would be gigabytes, and its
-#: backward recomputes instead (a row's recomputation costs about its forward's scores and normalization)
-SAVED_CODE_MAX_BYTES = 64 * 2**20
-#: lanes per vector in hyla_cpu.c (VW): keys are padded to a multiple of it
-LANES = 8
 NORM_IDS = {"none": 0, "rms_head": 1, "softmax": 2}  # NORM_NONE, NORM_RMS, NORM_SOFTMAX in the C source
 #: the C functions' suffix for each dtype of ``COVERAGE["fused_cpu"]`` (one compiled copy per C type)
 DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -228,8 +219,8 @@ def _call_c(
     *buffers: Tensor | None,
 ) -> None:
     """``hyla_{direction}_{f32|f64}`` of ``hyla_cpu.c``: the inputs and settings both directions take, then
-    ``buffers`` (forward: ``y``, then the kept code or None; backward: ``dy``, ``dq``, ``dk``, ``dv``, then
-    ``dbias`` or None, the kept code or None), each 4-d one passed with its strides."""
+    ``buffers`` (forward: ``y``; backward: ``dy``, ``dq``, ``dk``, ``dv``, then ``dbias`` or None), each
+    4-d one passed with its strides."""
     lib, suffix = load_library(), DTYPES[q.dtype]
     real = _real(suffix)
     keep_batched = int(keep is not None and keep.shape[0] > 1)
@@ -258,31 +249,6 @@ def _output_like_heads_inside(b: int, h: int, t: int, d: int, like: Tensor) -> T
 
 # The kernel is registered as PyTorch custom ops (opaque to torch.compile, which traces the layout
 # changes around them and calls the C code as is), with the backward as an op of its own.
-def _saved_code(q: Tensor, num_keys: int, keep_code: bool) -> Tensor:
-    """The buffer the forward keeps each row's normalized code in: ``B x Q x (H + 1) x KP`` reals (KP the
-    keys padded to the kernel's lanes), flattened per row; empty when not kept."""
-    b, h, nq, _ = q.shape
-    if not keep_code:
-        return q.new_empty(0)
-    padded = -(-num_keys // LANES) * LANES
-    return q.new_empty(b, nq, (h + 1) * padded)
-
-
-def keeps_code(q: Tensor, num_keys: int, needs_backward: bool, normalization: str) -> bool:
-    """Whether the forward keeps the normalized code for the backward: for a backward of softmax attention, while
-    it is at most :data:`SAVED_CODE_MAX_BYTES`. Softmax only: its exponentials are most of a row's recomputation,
-    where for RMSHead or none writing and reading the code costs more than recomputing it (one thread, SRAVEN
-    paper sizes: ``benchmarks/speed/kernel_ab.py``, ``results/kernel_saved_code``)."""
-    return needs_backward and normalization == "softmax" and _code_fits(q, num_keys)
-
-
-def _code_fits(q: Tensor, num_keys: int) -> bool:
-    """Whether q's batch of rows keeps its code within :data:`SAVED_CODE_MAX_BYTES`."""
-    b, h, nq, _ = q.shape
-    padded = -(-num_keys // LANES) * LANES
-    return b * nq * (h + 1) * padded * q.element_size() <= SAVED_CODE_MAX_BYTES
-
-
 @torch.library.custom_op("hyla::fused_cpu_attention", mutates_args=(), device_types="cpu")
 def _fused_cpu_attention(
     q: Tensor,
@@ -296,15 +262,11 @@ def _fused_cpu_attention(
     norm: int,
     linear: bool,
     eps: float,
-    keep_code: bool,
-) -> tuple[Tensor, Tensor]:
+) -> Tensor:
     b, h, nq, _ = q.shape
     y = _output_like_heads_inside(b, h, nq, v.shape[3], q)
-    code = _saved_code(q, k.shape[2], keep_code)
-    threads = torch.get_num_threads()
-    kept = code if keep_code else None
-    _call_c("forward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, threads, y, kept)
-    return y, code
+    _call_c("forward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, torch.get_num_threads(), y)
+    return y
 
 
 @_fused_cpu_attention.register_fake
@@ -320,10 +282,8 @@ def _fused_cpu_attention_fake(
     norm: int,
     linear: bool,
     eps: float,
-    keep_code: bool,
-) -> tuple[Tensor, Tensor]:
-    y = _output_like_heads_inside(q.shape[0], q.shape[1], q.shape[2], v.shape[3], q)
-    return y, _saved_code(q, k.shape[2], keep_code)
+) -> Tensor:
+    return _output_like_heads_inside(q.shape[0], q.shape[1], q.shape[2], v.shape[3], q)
 
 
 @torch.library.custom_op("hyla::fused_cpu_attention_backward", mutates_args=(), device_types="cpu")
@@ -335,7 +295,6 @@ def _fused_cpu_attention_backward(
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
-    code: Tensor,
     keep_prob: float,
     phi: int,
     norm: int,
@@ -346,10 +305,7 @@ def _fused_cpu_attention_backward(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if bias is not None and bias_grad else None
     threads = torch.get_num_threads()
-    kept = code if code.numel() else None  # empty: the forward kept none, the rows are recomputed
-    _call_c(
-        "backward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, threads, dy, dq, dk, dv, dbias, kept
-    )
+    _call_c("backward", q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, threads, dy, dq, dk, dv, dbias)
     return dq, dk, dv, (dbias if dbias is not None else q.new_empty(0))
 
 
@@ -362,7 +318,6 @@ def _fused_cpu_attention_backward_fake(
     bias: Tensor | None,
     keep: Tensor | None,
     drop: Tensor | None,
-    code: Tensor,
     keep_prob: float,
     phi: int,
     norm: int,
@@ -374,24 +329,19 @@ def _fused_cpu_attention_backward_fake(
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, _ = inputs
-    code = output[1]
-    ctx.mark_non_differentiable(code)
-    ctx.set_materialize_grads(False)  # else every backward fills a zero gradient of the code (megabytes)
-    ctx.save_for_backward(q, k, v, bias, keep, drop, code)
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps = inputs
+    ctx.save_for_backward(q, k, v, bias, keep, drop)
     ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps = keep_prob, phi, norm, linear, eps
 
 
-def _backward(ctx: Any, dy: Tensor | None, _dcode: Tensor | None) -> tuple[Tensor | None, ...]:
-    q, k, v, bias, keep, drop, code = ctx.saved_tensors
-    if dy is None:  # the output took no part in what is differentiated
-        return (None,) * 12
+def _backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, bias, keep, drop = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias = _fused_cpu_attention_backward(
-        dy, q, k, v, bias, keep, drop, code, ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps, bias_grad
+        dy, q, k, v, bias, keep, drop, ctx.keep_prob, ctx.phi, ctx.norm, ctx.linear, ctx.eps, bias_grad
     )
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None, None, None
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None, None
 
 
 _fused_cpu_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -406,11 +356,9 @@ def _slice_by_slice(op: Any, in_dims: tuple[int | None, ...], args: tuple[Any, .
     return torch.stack(outs), 0
 
 
-def _fused_cpu_attention_vmap(
-    info: Any, in_dims: tuple[int | None, ...], *args: Any
-) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+def _fused_cpu_attention_vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> tuple[Tensor, int]:
     """Stacked runs (``R`` models under ``torch.vmap``): the runs are folded into the batch, one call."""
-    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, keep_code = args
+    q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps = args
     if any(d is not None for d in in_dims[3:6]):  # per-run bias, mask or dropout: the kernel takes one
         return _slice_by_slice(_fused_cpu_attention, in_dims, args)
     runs = info.batch_size
@@ -418,9 +366,8 @@ def _fused_cpu_attention_vmap(
     q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     if keep is not None and keep.shape[0] > 1:  # one mask per example: repeat it for every run
         keep = keep.repeat(runs, 1, 1)
-    keep_code = keep_code and _code_fits(q, k.shape[2])  # the runs' codes together, within the limit
-    y, code = _fused_cpu_attention(q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps, keep_code)
-    return (y.reshape(runs, -1, *y.shape[1:]), code.reshape(runs, -1, *code.shape[1:])), (0, 0)
+    y = _fused_cpu_attention(q, k, v, bias, keep, drop, keep_prob, phi, norm, linear, eps)
+    return y.reshape(runs, -1, *y.shape[1:]), 0
 
 
 def _fused_cpu_attention_backward_vmap(
@@ -476,10 +423,7 @@ def fused_cpu_hypernetwork_attention(
                 f"got shape {tuple(dropout_keep_11xQxK.shape)}"
             )
         drop = dropout_keep_11xQxK.reshape(nq, nk).to(torch.uint8).contiguous()
-    needs_backward = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, bias)
-    )
-    y, _ = _fused_cpu_attention(
+    return _fused_cpu_attention(
         q_BxHxQxE,
         k_BxHxKxE,
         v_BxHxKxD,
@@ -491,6 +435,4 @@ def fused_cpu_hypernetwork_attention(
         NORM_IDS[config.normalization],
         config.value_network == "linear",
         config.rms_eps,
-        keeps_code(q_BxHxQxE, nk, needs_backward, config.normalization),
     )
-    return y
