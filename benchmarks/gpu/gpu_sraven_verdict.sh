@@ -11,8 +11,10 @@
 #   run(command="MINUTES=2.5 RESUME_FROM=.gpu_state/gpu_sraven_verdict.tar.gz bash benchmarks/gpu/gpu_sraven_verdict.sh",
 #       carry=[".authors", ".gpu_state"], timeout_s=240)
 # timeout_s must exceed MINUTES * 60 by a minute (the unpacking, the setup and the packing are outside it).
-# What travels: the working tree (~27 MB today), .authors (~3 MB) and the archive (~15 MB with three states of
-# theirs: 3 x 4.85 MB of params and Adam moments, 402,824 parameters, little compressible), under the 64 MiB.
+# What travels: the working tree (68 MB of tracked files on 2026-11-28, most of them run checkpoints and weights:
+# over the 64 MiB with .authors; results/gpu_queue/2026-11-28/README.md says how that call left some out), .authors
+# (~3 MB) and the archive (~15 MB with three states of theirs: 3 x 4.85 MB of params and Adam moments, 402,824
+# parameters, little compressible).
 # A part that fails (their setup, a run of theirs, ours) is reported; the call goes on, packs what it has and
 # exits 1.
 #
