@@ -99,6 +99,7 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
         # ours without torch.compile: what a call runs of ours is tested by gpu_paper.sh's own test
         # (tests/test_sweep.py); here, how the two parts share the call and its archive
         "EXTRA": "train.fast=false",
+        "REPORT": "0",  # and the paper report in its archive too
     }
     if HAVE_AUTHORS:
         env.update(
