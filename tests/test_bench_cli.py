@@ -153,3 +153,30 @@ def test_profile_step_lists_the_ops_with_the_most_self_time(tmp_path: Path) -> N
     assert 1 >= ops[0]["share"] >= ops[1]["share"] >= ops[2]["share"] >= ops[3]["share"] > 0, ops
     assert all(op["op"] and op["ms_per_step"] > 0 for op in ops), ops
     assert "self CPU time" in done.stdout
+
+
+def test_kernel_bits_finds_a_one_ulp_change_and_a_missing_case() -> None:
+    """benchmarks/speed/kernel_bits.py, the bit-for-bit check of the C kernel between two checkouts: the same
+    checkout twice is equal in every case; one gradient moved by one float32 ulp, or a case one side lacks, is
+    named."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "speed" / "kernel_bits.py"
+    spec = importlib.util.spec_from_file_location("kernel_bits", script)
+    assert spec is not None and spec.loader is not None
+    kernel_bits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_bits)
+    sizes = ((2, 3, 5, 2),)
+    first, second = kernel_bits.kernel_results(sizes), kernel_bits.kernel_results(sizes)
+    assert {case[4] for case in first} >= {"softmax", "hyla"} and len({case[5] for case in first}) == 2
+    assert kernel_bits.differing(first, second) == []
+    case = (2, 3, 5, 2, "hyla", str(torch.float32))
+    dk = second[case][2].clone()
+    second[case][2] = dk
+    dk[0, 1, 2, 1] = torch.nextafter(dk[0, 1, 2, 1], torch.tensor(float("inf")))
+    (line,) = kernel_bits.differing(first, second)
+    assert line.startswith(f"{case}: dk differ (largest difference "), line
+    second[case][2] = first[case][2]  # equal again
+    missing = (2, 3, 5, 2, "softmax", str(torch.float64))
+    del second[missing]
+    assert kernel_bits.differing(first, second) == [f"{missing}: only in the first file"]

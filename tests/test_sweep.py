@@ -475,8 +475,8 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
         grid={},
         seeds=[0],
         extra={
-            "train.steps": "600",
-            "train.eval_every": "300",
+            "train.steps": "300",
+            "train.eval_every": "150",
             "train.checkpoint_every": "20",
             "train.log_every": "20",
         },
@@ -501,8 +501,8 @@ def test_a_preempted_job_requeues_and_resumes_from_its_checkpoint(tmp_path: Path
     assert "Requeued" in job.stdout() + (job.stderr() or "")
     made_by = [json.loads(line) for line in (run / "made_by.jsonl").read_text().splitlines()]
     # the preempted piece, then the requeued one from the newest checkpoint (every 20 steps) before it
-    assert len(made_by) == 2 and 0 < made_by[1]["from_step"] <= made_by[0]["to_step"] < 600
-    assert made_by[1]["from_step"] % 20 == 0 and made_by[1]["to_step"] == 600
+    assert len(made_by) == 2 and 0 < made_by[1]["from_step"] <= made_by[0]["to_step"] < 300
+    assert made_by[1]["from_step"] % 20 == 0 and made_by[1]["to_step"] == 300
     assert main(["sweep", str(path), "--root", str(tmp_path / "ref")]) == 0
     assert records(root) == records(tmp_path / "ref" / sweep.name)
 
