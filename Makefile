@@ -29,7 +29,7 @@ demo: $(STAMP)
 # tests without it too.
 FAST_BLAS = $$($(BIN)/python -m hyla.cpu --auto)
 test: $(STAMP)
-	env $(FAST_BLAS) TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n 2 --durations=5 -m kernel tests || [ $$? -eq 5 ]
+	env $(FAST_BLAS) TRITON_INTERPRET=1 $(BIN)/python -m pytest -q --durations=5 -m kernel tests || [ $$? -eq 5 ]
 	env $(FAST_BLAS) $(BIN)/python -m pytest -q -n 2 --durations=15 -m "not kernel" tests
 
 # The float-sensitive tests again under other CPU dispatch paths (what another CPU would pick): each
