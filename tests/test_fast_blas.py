@@ -160,7 +160,7 @@ def test_auto_prints_the_preload_only_where_the_command_would_apply_it(
 def test_mkl_consults_the_preloaded_override(tmp_path: Path) -> None:
     """What ``python -m hyla.cpu`` prints, prepended to a command, puts the override where MKL asks it (the
     counter in the library counts MKL's calls): torch's MKL calls the vendor check through its PLT."""
-    # without it in LD_PRELOAD, as `make test` runs the suite on an AMD CPU
+    # no LD_PRELOAD from outside: `make test` preloads the override for the whole suite on an AMD CPU
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"} | {"HYLA_CACHE_DIR": str(tmp_path)}
     line = subprocess.run(
         [sys.executable, "-m", "hyla.cpu"], env=env, capture_output=True, text=True, check=True
