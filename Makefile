@@ -27,10 +27,10 @@ demo: $(STAMP)
 # (`python -m hyla.cpu --auto` prints the preload there, nothing on an Intel CPU): the commands the tests
 # start then need no re-execution, each a second torch import; test-portable checks the float-sensitive
 # tests without it too.
-FAST_BLAS = $$($(BIN)/python -m hyla.cpu --auto)
 test: $(STAMP)
-	env $(FAST_BLAS) TRITON_INTERPRET=1 $(BIN)/python -m pytest -q --durations=5 -m kernel tests || [ $$? -eq 5 ]
-	env $(FAST_BLAS) $(BIN)/python -m pytest -q -n 2 --durations=15 -m "not kernel" tests
+	preload=$$($(BIN)/python -m hyla.cpu --auto); \
+	{ env $$preload TRITON_INTERPRET=1 $(BIN)/python -m pytest -q --durations=5 -m kernel tests || [ $$? -eq 5 ]; } && \
+	env $$preload $(BIN)/python -m pytest -q -n 2 --durations=15 -m "not kernel" tests
 
 # The float-sensitive tests again under other CPU dispatch paths (what another CPU would pick): each
 # promise must hold on any x86-64 CPU, exact where the arithmetic is the same, else within its noise floor.
