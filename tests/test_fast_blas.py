@@ -13,7 +13,9 @@ import pytest
 import torch
 import yaml
 
+import hyla
 from hyla import cpu, runtime
+from hyla.attention import Attention
 from hyla.cli import main
 from tiny import tiny_overrides
 
@@ -88,6 +90,32 @@ def test_without_a_compiler_the_command_goes_on_with_one_warning(
     monkeypatch.setenv(cpu.TRIED_ENV, "1")
     with pytest.warns(cpu.FastBlasWarning, match="preloaded but is not mapped"):
         cpu.reexec_with_override(["train", "x"])
+
+
+def test_the_command_decides_before_importing_torch(tmp_path: Path) -> None:
+    """``import hyla`` and the command line's module import no torch, and torch's BLAS, once asked, is remembered
+    for that torch install: the ``hyla`` command then re-executes with the preload before its first torch import
+    (one torch import per command on an AMD CPU, not two)."""
+    probe = (
+        "import sys, hyla, hyla.cli; from hyla import cpu; before = 'torch' in sys.modules; "
+        "blas = cpu.torch_blas(); print(before, blas, 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "HYLA_CACHE_DIR": str(tmp_path)}
+
+    def run_probe() -> list[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+
+    first, second = run_probe(), run_probe()
+    assert first[0] == second[0] == "False"  # nothing imported torch before the question
+    assert first[2] == "True" and second[2] == "False"  # asked torch once; the second answer came from the record
+    assert first[1] == second[1] == cpu.torch_blas()
+    assert [p.name.startswith("torch_blas_") for p in (tmp_path / "blas").iterdir()] == [True]
+    # what `import hyla` offers comes from the attention module on first use
+    assert hyla.Attention is Attention and {"Attention", "PRESETS", "attention_preset", "load"} <= set(dir(hyla))
+    with pytest.raises(AttributeError, match="module 'hyla' has no attribute 'Atention'"):
+        _ = hyla.Atention  # type: ignore[attr-defined]
 
 
 @needs_mkl_and_cc

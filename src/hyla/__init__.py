@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import TYPE_CHECKING
-
-from hyla.attention import PRESETS, Attention, AttentionConfig, attention_preset
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hyla.attention import PRESETS, Attention, AttentionConfig, attention_preset
     from hyla.train.rundir import TrainedRun
 
 __version__ = "0.1.0"
 __all__ = ["PRESETS", "Attention", "AttentionConfig", "__version__", "attention_preset", "load"]
+#: what ``import hyla`` offers from :mod:`hyla.attention`, imported on first use: ``import hyla`` does not import
+#: torch, so the ``hyla`` command can preload MKL's override (:mod:`hyla.cpu`) before torch is first imported
+_FROM_ATTENTION = ("PRESETS", "Attention", "AttentionConfig", "attention_preset")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_ATTENTION:
+        return getattr(importlib.import_module("hyla.attention"), name)
+    raise AttributeError(f"module 'hyla' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def load(run_dir: str | os.PathLike[str]) -> TrainedRun:
@@ -23,6 +36,6 @@ def load(run_dir: str | os.PathLike[str]) -> TrainedRun:
 
     ``run = hyla.load("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
     """
-    from hyla.train.rundir import load_trained  # lazy: `import hyla` stays as light as the attention module
+    from hyla.train.rundir import load_trained  # lazy, as the attention module above
 
     return load_trained(run_dir)

@@ -46,19 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and not argv[0].startswith("-") else None
+    print_warnings_on_one_line()
+    if command is not None:
+        try:
+            cpu.setting()  # a bad value is one line, called in-process too
+            if own_process:  # before the subcommand's module imports torch: the new process imports it once
+                cpu.reexec_with_override(argv)
+        except ValueError as err:
+            print(f"hyla: error: {err}", file=sys.stderr)
+            return 2
     parser = build_parser(only=command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if command is None else 2
-    print_warnings_on_one_line()
-    try:
-        cpu.setting()  # a bad value is one line, called in-process too
-        if own_process:
-            cpu.reexec_with_override(argv)
-    except ValueError as err:
-        print(f"hyla: error: {err}", file=sys.stderr)
-        return 2
     tune_cpu_allocator()
     return int(args.func(args) or 0)
 

@@ -7,9 +7,10 @@ loaded before torch that defines it to return 1 gives MKL's best kernels for the
 PyTorch maintainers document this for their own wheels (pytorch/builder pull request 1245). The model and its
 float32 arithmetic stay; only which MKL kernel sums a product changes, as between two CPUs.
 
-The ``hyla`` command applies it by itself (:func:`reexec_with_override`: it re-executes itself once with the
-library in ``LD_PRELOAD``, so that workers it starts inherit it); ``import hyla`` never does, since the library
-must be loaded before torch. In a script of your own, prepend what ``python -m hyla.cpu`` prints::
+The ``hyla`` command applies it by itself (:func:`reexec_with_override`: before its first torch import it
+re-executes itself once with the library in ``LD_PRELOAD``, so that workers it starts inherit it); ``import
+hyla`` never does, since the library must be loaded before torch. In a script of your own, prepend what
+``python -m hyla.cpu`` prints::
 
     $(python -m hyla.cpu) python train.py     # LD_PRELOAD=~/.cache/hyla/blas/mkl_vendor_override_....so
 
@@ -23,7 +24,9 @@ command goes on as before with one warning line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -68,11 +71,40 @@ def is_amd_cpu() -> bool:
 
 def torch_blas() -> str:
     """The BLAS torch was built with (``mkl``, ``open``, ``accelerate``, ...), lower case; ``unknown`` if torch
-    does not say."""
+    does not say. Remembered per torch install (:func:`_torch_blas_record`), so that where torch is not imported
+    yet the answer does not import it: the ``hyla`` command decides to re-execute before its first torch import."""
+    record = _torch_blas_record()
+    if "torch" not in sys.modules and record is not None and record.exists():
+        return record.read_text().strip()
     import torch
 
     found = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    return found.group(1).lower() if found else "unknown"
+    blas = found.group(1).lower() if found else "unknown"
+    if record is not None and not record.exists():
+        with contextlib.suppress(OSError):  # a read-only cache only costs the next command a torch import
+            record.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=record.parent, delete=False) as tmp:
+                tmp.write(blas)
+            os.replace(tmp.name, record)
+    return blas
+
+
+def _torch_blas_record() -> Path | None:
+    """Where :func:`torch_blas` remembers the answer for the torch that ``import torch`` would load: a file in
+    ``cache_dir("blas")`` named by torch's path, its ``version.py`` (version, commit, CUDA) and the size of its
+    CPU library, read without importing torch; None where torch is not found that way."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        stamp = (root / "version.py").read_bytes()
+        cpu_library = next(iter(sorted((root / "lib").glob("libtorch_cpu.*"))), None)
+        size = cpu_library.stat().st_size if cpu_library else 0
+    except OSError:
+        return None
+    key = hashlib.sha256(f"{root}\0{size}\0".encode() + stamp).hexdigest()[:16]
+    return cache_dir("blas") / f"torch_blas_{key}"
 
 
 def override_loaded() -> bool:
