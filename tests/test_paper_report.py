@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from hyla.analysis.paper_report import agreement, paper_report, paper_value
+from hyla.analysis.paper_report import agreement, paper_report
+from hyla.analysis.selection import paper_value
 from hyla.analysis.stats import first_reaching
 from hyla.cli import main
 from hyla.train.config import dump_config, load_config

@@ -85,7 +85,8 @@ def test_docs_results_page_is_paper_md_with_the_records_tables() -> None:
     paper sweep's table in it is what the records give, and every figure a page shows is in the site."""
     import importlib.util
 
-    from hyla.analysis.paper_report import PAPER_SWEEPS, chosen_table, sweep_results
+    from hyla.analysis.paper_report import PAPER_SWEEPS, chosen_table
+    from hyla.analysis.selection import sweep_results
     from hyla.train.sweepfile import load_sweep
 
     spec = importlib.util.spec_from_file_location("results_hook", ROOT / "docs" / "_hooks" / "results.py")

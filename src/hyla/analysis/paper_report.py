@@ -15,55 +15,26 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
-from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.plots import learning_curves
+from hyla.analysis.selection import SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se, mean_se
-from hyla.tasks import PaperColumn, task_entry
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.rundir import (
     MADE_BY,
     RunRecord,
-    has_record,
     has_trained_weights,
     read_pieces,
-    read_run,
-    run_state,
 )
-from hyla.train.sweepfile import RunSpec, Sweep, load_sweep
+from hyla.train.sweepfile import Sweep, load_sweep
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
 #: our own follow-up experiments, shown after the paper's once they have records
 FOLLOW_UP_SWEEPS = ("init_fuzzy",)
 #: problems per split whose latent codes the report analyses for each finished run with weights
 LATENT_PROBLEMS = 2048
-
-
-def paper_column(task: str) -> PaperColumn:
-    """The task's Table A1 column; a task outside the paper gets one of its primary metric on ``ood``."""
-    cls = task_entry(task).task
-    return cls.paper_column or PaperColumn(-1, cls.primary_metric, f"OOD {cls.metric_title} (%)")
-
-
-def paper_value(row: str, task: str) -> tuple[float, float] | None:
-    """The paper's Table A1 (mean, s.e.) in % for a sweep row (``hyla``, ``softmax_moe``, ...)."""
-    column = paper_column(task).index
-    if column < 0:
-        return None
-    if row.endswith("_moe"):
-        found = TABLE_A1_MOE.get(row.removesuffix("_moe"))
-    else:
-        found = TABLE_A1.get(row)
-    return None if found is None else found[column]
-
-
-def _final(run: RunRecord, split: str, metric: str) -> float | None:
-    last = run.final(split)
-    steps = run.config["train"]["steps"]
-    return None if last is None or last["step"] != steps or metric not in last else 100 * last[metric]
 
 
 def _fmt(mean_se_pair: tuple[float, float] | None) -> str:
@@ -95,87 +66,6 @@ def _made_by(root: Path) -> tuple[set[str], set[str], float, int]:
                 continue
             wall += rec["wall_s"] / rec.get("stacked_with", 1)
     return commits, devices, wall, unfinished
-
-
-@dataclass
-class RowResult:
-    """One sweep row as the report reads it: the grid point its validation metric chose and its numbers."""
-
-    row: str
-    #: finished seeds at the chosen grid point (0: no grid point has one yet)
-    seeds: int
-    #: the chosen grid point, ``((key, value), ...)``; ``()`` when none is chosen yet
-    point: tuple
-    test: tuple[float, float] | None
-    ood: tuple[float, float] | None
-    #: the paper's (mean, s.e.) in % (Table A1 sweeps only)
-    paper: tuple[float, float] | None
-    #: where a row without a chosen point stands: ``not run yet`` or ``in progress (...)``
-    status: str = ""
-    #: the chosen grid point's runs that have records
-    runs: list[RunRecord] = field(default_factory=list)
-
-
-@dataclass
-class SweepResults:
-    """A sweep's records, read once: each row's result and every grid point's line."""
-
-    sweep: Sweep
-    task: str
-    rows: list[RowResult]
-    #: ``(row, point, seeds done, seeds planned, test, ood)`` for every grid point, in sweep order
-    points: list[tuple[str, tuple, int, int, tuple[float, float] | None, tuple[float, float] | None]]
-    loaded: dict[str, RunRecord]
-    done: set[str]
-    #: every planned run, grouped by ``(row, point)``, in sweep order
-    by_point: dict[tuple[str, tuple], list[RunSpec]]
-
-
-def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
-    """Read a sweep's records under ``root`` and choose each row's grid point by its in-distribution
-    validation metric (among the points with the most finished seeds), never by OOD."""
-    runs = sweep.runs()
-    task = sweep.configs[runs[0].name].data.task
-    metric = paper_column(task).metric
-    records = root / sweep.name
-    loaded = {spec.name: read_run(records / spec.name) for spec in runs if has_record(records / spec.name)}
-    done = {name for name in loaded if run_state(records / name) == "done"}
-    by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
-    for spec in runs:
-        by_point.setdefault((spec.row, spec.point), []).append(spec)
-
-    def stats(specs: list[RunSpec], split: str) -> tuple[list[float], tuple[float, float] | None]:
-        values = [v for s in specs if s.name in done if (v := _final(loaded[s.name], split, metric)) is not None]
-        return values, (mean_se(values) if values else None)
-
-    rows, points = [], []
-    for row in sweep.rows:
-        candidates = []
-        for (r, point), specs in by_point.items():
-            if r != row:
-                continue
-            _, test = stats(specs, "test")
-            ood_values, ood = stats(specs, "ood")
-            points.append((row, point, len(ood_values), len(specs), test, ood))
-            if test is not None and ood is not None:
-                candidates.append((test[0], point, specs, ood, len(ood_values)))
-        paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
-        if not candidates:
-            started = [loaded[s.name] for s in runs if s.row == row and s.name in loaded and loaded[s.name].metrics]
-            status = "not run yet"
-            if started:
-                furthest = max(started, key=lambda run: run.metrics[-1]["step"])
-                last_ood = furthest.final("ood")
-                ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
-                status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
-            rows.append(RowResult(row, 0, (), None, None, paper, status))
-            continue
-        # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
-        _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
-        _, test = stats(specs, "test")
-        chosen = [loaded[s.name] for s in specs if s.name in loaded]
-        rows.append(RowResult(row, n, point, test, ood, paper, runs=chosen))
-    return SweepResults(sweep, task, rows, points, loaded, done, by_point)
 
 
 def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]], metric: str) -> list[str]:

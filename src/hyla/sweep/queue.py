@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyla.analysis.paper_report import sweep_results
+from hyla.analysis.selection import sweep_results
 from hyla.sweep.cli import parse_where
 from hyla.sweep.estimate import seconds_left
 from hyla.sweep.groups import plan_sweep, states_and_pending
@@ -172,7 +172,7 @@ def stage_named(name: str) -> Stage:
 def chosen_point(sweep: Sweep, row: str, root: Path) -> tuple[str, ...]:
     """``key=value`` of the grid point of ``row`` that the paper report's rule chooses among the row's finished
     seed-0 runs (records in ``root / NAME``; the rule: in-distribution test accuracy, never OOD,
-    :func:`hyla.analysis.paper_report.sweep_results`). One seed at each point, so no point wins on its number of
+    :func:`hyla.analysis.selection.sweep_results`). One seed at each point, so no point wins on its number of
     finished seeds. Raises :class:`NotChosenYet` until the row's run at :data:`SELECTED_POINT`, seed 0, is
     finished: softmax's seeds 1-2 go to the selected point only if its own seed 0 leads there."""
     selected = sweep.runs([row], parse_where([*SELECTED_POINT, "seed=0"]))

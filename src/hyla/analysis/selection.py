@@ -1,0 +1,123 @@
+"""A sweep's records read once, and each row's grid point chosen by its in-distribution validation metric.
+
+What ``hyla report --paper`` tabulates (:mod:`hyla.analysis.paper_report`) and what the GPU queue decides by
+(:mod:`hyla.sweep.queue`: which point softmax's seeds train at), without the report's figures and latent-code
+analysis: the queue's commands import this module alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
+from hyla.analysis.stats import mean_se
+from hyla.tasks import PaperColumn, task_entry
+from hyla.train.rundir import RunRecord, has_record, read_run, run_state
+from hyla.train.sweepfile import RunSpec, Sweep
+
+
+def paper_column(task: str) -> PaperColumn:
+    """The task's Table A1 column; a task outside the paper gets one of its primary metric on ``ood``."""
+    cls = task_entry(task).task
+    return cls.paper_column or PaperColumn(-1, cls.primary_metric, f"OOD {cls.metric_title} (%)")
+
+
+def paper_value(row: str, task: str) -> tuple[float, float] | None:
+    """The paper's Table A1 (mean, s.e.) in % for a sweep row (``hyla``, ``softmax_moe``, ...)."""
+    column = paper_column(task).index
+    if column < 0:
+        return None
+    if row.endswith("_moe"):
+        found = TABLE_A1_MOE.get(row.removesuffix("_moe"))
+    else:
+        found = TABLE_A1.get(row)
+    return None if found is None else found[column]
+
+
+def final_value(run: RunRecord, split: str, metric: str) -> float | None:
+    """A finished run's final ``metric`` on ``split`` in %; None before the schedule's last evaluation."""
+    last = run.final(split)
+    steps = run.config["train"]["steps"]
+    return None if last is None or last["step"] != steps or metric not in last else 100 * last[metric]
+
+
+@dataclass
+class RowResult:
+    """One sweep row as the report reads it: the grid point its validation metric chose and its numbers."""
+
+    row: str
+    #: finished seeds at the chosen grid point (0: no grid point has one yet)
+    seeds: int
+    #: the chosen grid point, ``((key, value), ...)``; ``()`` when none is chosen yet
+    point: tuple
+    test: tuple[float, float] | None
+    ood: tuple[float, float] | None
+    #: the paper's (mean, s.e.) in % (Table A1 sweeps only)
+    paper: tuple[float, float] | None
+    #: where a row without a chosen point stands: ``not run yet`` or ``in progress (...)``
+    status: str = ""
+    #: the chosen grid point's runs that have records
+    runs: list[RunRecord] = field(default_factory=list)
+
+
+@dataclass
+class SweepResults:
+    """A sweep's records, read once: each row's result and every grid point's line."""
+
+    sweep: Sweep
+    task: str
+    rows: list[RowResult]
+    #: ``(row, point, seeds done, seeds planned, test, ood)`` for every grid point, in sweep order
+    points: list[tuple[str, tuple, int, int, tuple[float, float] | None, tuple[float, float] | None]]
+    loaded: dict[str, RunRecord]
+    done: set[str]
+    #: every planned run, grouped by ``(row, point)``, in sweep order
+    by_point: dict[tuple[str, tuple], list[RunSpec]]
+
+
+def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
+    """Read a sweep's records under ``root`` and choose each row's grid point by its in-distribution
+    validation metric (among the points with the most finished seeds), never by OOD."""
+    runs = sweep.runs()
+    task = sweep.configs[runs[0].name].data.task
+    metric = paper_column(task).metric
+    records = root / sweep.name
+    loaded = {spec.name: read_run(records / spec.name) for spec in runs if has_record(records / spec.name)}
+    done = {name for name in loaded if run_state(records / name) == "done"}
+    by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
+    for spec in runs:
+        by_point.setdefault((spec.row, spec.point), []).append(spec)
+
+    def stats(specs: list[RunSpec], split: str) -> tuple[list[float], tuple[float, float] | None]:
+        values = [v for s in specs if s.name in done if (v := final_value(loaded[s.name], split, metric)) is not None]
+        return values, (mean_se(values) if values else None)
+
+    rows, points = [], []
+    for row in sweep.rows:
+        candidates = []
+        for (r, point), specs in by_point.items():
+            if r != row:
+                continue
+            _, test = stats(specs, "test")
+            ood_values, ood = stats(specs, "ood")
+            points.append((row, point, len(ood_values), len(specs), test, ood))
+            if test is not None and ood is not None:
+                candidates.append((test[0], point, specs, ood, len(ood_values)))
+        paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
+        if not candidates:
+            started = [loaded[s.name] for s in runs if s.row == row and s.name in loaded and loaded[s.name].metrics]
+            status = "not run yet"
+            if started:
+                furthest = max(started, key=lambda run: run.metrics[-1]["step"])
+                last_ood = furthest.final("ood")
+                ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
+                status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
+            rows.append(RowResult(row, 0, (), None, None, paper, status))
+            continue
+        # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
+        _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
+        _, test = stats(specs, "test")
+        chosen = [loaded[s.name] for s in specs if s.name in loaded]
+        rows.append(RowResult(row, n, point, test, ood, paper, runs=chosen))
+    return SweepResults(sweep, task, rows, points, loaded, done, by_point)
