@@ -25,8 +25,7 @@ demo: $(STAMP)
 # The main suite runs last so that its summary line closes the output.
 # On an AMD CPU the suite runs as the `hyla` command does there, with MKL's vendor check overridden
 # (`python -m hyla.cpu --auto` prints the preload there, nothing on an Intel CPU): the commands the tests
-# start then need no re-execution, each a second torch import; test-portable checks the float-sensitive
-# tests without it too.
+# start then need no re-execution; test-portable checks the float-sensitive tests without it too.
 test: $(STAMP)
 	preload=$$($(BIN)/python -m hyla.cpu --auto); \
 	{ env $$preload TRITON_INTERPRET=1 $(BIN)/python -m pytest -q --durations=5 -m kernel tests || [ $$? -eq 5 ]; } && \
