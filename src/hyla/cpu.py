@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 
 from hyla.runtime import c_compiler, c_compiler_version, cache_dir, cpuinfo_field
+from hyla.textio import write_text_atomic
 
 #: the environment variable that turns the override on or off
 SETTING_ENV = "HYLA_FAST_BLAS"
@@ -83,9 +84,7 @@ def torch_blas() -> str:
     if record is not None and not record.exists():
         with contextlib.suppress(OSError):  # a read-only cache only costs the next command a torch import
             record.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=record.parent, delete=False) as tmp:
-                tmp.write(blas)
-            os.replace(tmp.name, record)
+            write_text_atomic(record, blas)
     return blas
 
 
