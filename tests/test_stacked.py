@@ -500,6 +500,11 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
     row read on the device across schedule chunks, the sums and flags in place, and the snapshot the
     warm-up is undone with. Only the capture itself needs CUDA."""
     monkeypatch.setattr(optim_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
+
+    def update_as_on_cuda(self: optim_module.StackedAdamW, step: int, grad_RxN: torch.Tensor) -> None:
+        self.step(grad_RxN, self.schedule_row(step))  # the plain step's arithmetic on CUDA, not the CPU's fused
+
+    monkeypatch.setattr(optim_module.StackedAdamW, "update", update_as_on_cuda)
     sweep = [["seed=0", "train.lr=0.003"], ["seed=1", "train.lr=0.001", "train.weight_decay=0.3"]]
     paper = ["train.stack_forward=loop", "data.split_seed=null", "model.attention_dropout=0.1"]
     cfgs = [load_config("fuzzy_logic", [*TINY, *paper, *o]) for o in sweep]

@@ -732,6 +732,12 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
     newer = rounding_change(run, {**here, "kernel_march": "x86-64-v2", "kernel_source": "0123456789ab"})
     last_commit = json.loads((run / "made_by.jsonl").read_text().splitlines()[-1])["commit"]
     assert newer is not None and newer.endswith(f"train from a worktree of commit {last_commit}")
+    # after a piece with torch's tanh GELU, one with the C kernel's names the setting that keeps torch's
+    pieces = (run / "made_by.jsonl").read_text().splitlines()
+    last = {**json.loads(pieces[-1]), "gelu": "torch"}
+    (run / "made_by.jsonl").write_text("\n".join([*pieces[:-1], json.dumps(last)]) + "\n")
+    fast_gelu = rounding_change(run, {**here, "kernel_march": last["kernel_march"], "gelu": "c_kernel"})
+    assert fast_gelu is not None and fast_gelu.endswith("set HYLA_FAST_GELU=off")
 
 
 def test_a_sweep_trains_each_run_alone_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

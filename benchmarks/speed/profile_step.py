@@ -13,7 +13,7 @@ of ``hyla::fused_cpu_attention`` (under ``torch.no_grad`` it is the op's own); `
 ``aten::addmm`` above it is ``nn.Linear`` writing its bias into the output before the matrix product.
 
 Usage: python benchmarks/speed/profile_step.py [--task sraven] [--variant hyla] [--dropout 0.1] [--steps 20]
-       [--top 10] [--json FILE]    (set OMP_NUM_THREADS for the thread count)
+       [--top 10] [--gelu tanh] [--json FILE]    (set OMP_NUM_THREADS for the thread count)
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ from hyla.bench.step import time_variant
 from hyla.runtime import tune_cpu_allocator
 
 
-def top_ops(task: str, variant: str, dropout: float, steps: int, warmup: int, top: int) -> list[dict[str, Any]]:
+def top_ops(
+    task: str, variant: str, dropout: float, steps: int, warmup: int, top: int, gelu: str = "none"
+) -> list[dict[str, Any]]:
     """The ``top`` ops by self CPU time: name, share of all self time, ms and calls per training step."""
+    extra = {"gelu_approximate": gelu} if gelu != "none" else {}  # checkouts before it took no such argument
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        time_variant(task, variant, 128, steps, warmup, "cpu", dropout=dropout)
+        time_variant(task, variant, 128, steps, warmup, "cpu", dropout=dropout, **extra)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1.0
     per_step = 1000.0 * (steps + warmup)  # profiler times are in microseconds
@@ -64,13 +67,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--gelu", default="none", help="the MLP's GELU: none (erf) | tanh (the paper configs')")
     p.add_argument("--json", help="write {'task', 'variant', 'threads', 'ops': [...]} here")
     args = p.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.top < 1:
         raise SystemExit(f"--steps and --top must be >= 1, --warmup >= 0; got {args.steps}, {args.top}, {args.warmup}")
     tune_cpu_allocator()  # as the hyla command does
-    ops = top_ops(args.task, args.variant, args.dropout, args.steps, args.warmup, args.top)
-    print(f"{args.task} {args.variant}, {torch.get_num_threads()} threads, dropout {args.dropout}: self CPU time")
+    ops = top_ops(args.task, args.variant, args.dropout, args.steps, args.warmup, args.top, args.gelu)
+    threads = torch.get_num_threads()
+    print(f"{args.task} {args.variant}, {threads} threads, dropout {args.dropout}, gelu {args.gelu}: self CPU time")
     for op in ops:
         calls = f"{op['calls_per_step']:7.1f} calls/step"
         print(f"  {op['share']:6.1%} {op['ms_per_step']:8.2f} ms/step {calls}  {op['op']}")

@@ -35,7 +35,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from hyla.runtime import c_compiler, c_compiler_version, cache_dir, cpuinfo_field
+from hyla.runtime import c_compiler, c_compiler_version, cache_dir, cpuinfo_field, env_setting
 from hyla.textio import write_text_atomic
 
 #: the environment variable that turns the override on or off
@@ -58,12 +58,7 @@ class FastBlasWarning(UserWarning):
 
 def setting() -> str:
     """The value of :data:`SETTING_ENV` (default ``auto``); a ValueError naming the allowed values if bad."""
-    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(
-            f"{SETTING_ENV}={os.environ[SETTING_ENV]!r} is not valid; allowed values: {', '.join(SETTINGS)}"
-        )
-    return value
+    return env_setting(SETTING_ENV, SETTINGS)
 
 
 def is_amd_cpu() -> bool:

@@ -49,6 +49,15 @@ def tune_cpu_allocator() -> bool:
     return bool(ok_mmap and ok_trim)
 
 
+def env_setting(name: str, allowed: tuple[str, ...]) -> str:
+    """The value of the environment variable ``name``, lower case, default ``allowed[0]``; a ValueError naming the
+    allowed values if it is another."""
+    value = os.environ.get(name, allowed[0]).strip().lower() or allowed[0]
+    if value not in allowed:
+        raise ValueError(f"{name}={os.environ[name]!r} is not valid; allowed values: {', '.join(allowed)}")
+    return value
+
+
 def cpuinfo_field(name: str) -> str | None:
     """The value on the first ``name`` line of :data:`CPUINFO` (``"model name"``, ``"flags"``), or None where there
     is no such line or file (not Linux)."""

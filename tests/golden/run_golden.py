@@ -126,6 +126,7 @@ def fingerprint() -> dict[str, object]:
     import torch
 
     from hyla.attention.kernels.c import wrapper
+    from hyla.attention.kernels.c.gelu import gelu_path
     from hyla.cpu import blas_path
     from hyla.runtime import c_compiler_version
 
@@ -146,6 +147,7 @@ def fingerprint() -> dict[str, object]:
         "c_flags": list(wrapper.build_flags()),
         "c_kernel": kernel,
         "blas": blas_path(),  # MKL's kernels chosen by CPU vendor or overridden (hyla.cpu)
+        "gelu": gelu_path(),  # a tanh GELU by the C kernel or by torch (HYLA_FAST_GELU)
     }
 
 

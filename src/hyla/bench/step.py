@@ -24,8 +24,10 @@ from hyla.attention.config import BACKENDS, canonical_backend
 from hyla.bench import device_label, require_device, require_writable
 from hyla.cpu import blas_path
 from hyla.models import Transformer, TransformerConfig, num_parameters
+from hyla.models.transformer import GELU_APPROXIMATIONS
 from hyla.tasks import REGISTRY, task_entry
 from hyla.train.fast import keep_compiled_code_apart
+from hyla.train.optim import FUSED_ADAMW_DEVICES
 
 #: the sizes of the paper's model (notes section 2) read from the task's config in ``hyla/configs/``; seq_len
 #: and input/output sizes come from the task encoding, the rest of the model is the variant's
@@ -64,6 +66,7 @@ def time_variant(
     all_positions: bool = False,
     backend: str = "auto",
     dropout: float = 0.0,
+    gelu_approximate: str = "none",
 ) -> dict[str, float]:
     seq_len, input_dim, output_dim, last_positions = _task_shapes(task)
     if all_positions:  # the model computes every position, as without Transformer(last_positions=...)
@@ -77,10 +80,12 @@ def time_variant(
         relative_position_max_distance=seq_len,
         attention_backend=backend,
         attention_dropout=dropout,
+        gelu_approximate=gelu_approximate,
         **paper_model(task),
     )
     model = Transformer(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    fused = torch.device(device).type in FUSED_ADAMW_DEVICES  # as training's AdamW (hyla.train.optim)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=fused)
     if compile_model:
         keep_compiled_code_apart()
     step_fn = torch.compile(model) if compile_model else model
@@ -136,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}") from None
     if not 0 <= args.dropout < 1:
         raise SystemExit(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.gelu not in GELU_APPROXIMATIONS:
+        raise SystemExit(f"--gelu must be one of {', '.join(GELU_APPROXIMATIONS)}, got {args.gelu!r}")
     if args.steps < 1 or args.batch_size < 1 or args.warmup < 0:
         raise SystemExit(
             f"--steps and --batch-size must be >= 1, --warmup >= 0; got {args.steps}, {args.batch_size}, {args.warmup}"
@@ -151,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             "from hyla.bench.step import time_variant; "
             f"print(json.dumps(time_variant({args.task!r}, {v!r}, {args.batch_size}, {args.steps}, "
             f"{args.warmup}, {args.device!r}, {args.compile}, {args.all_positions}, {args.backend!r}, "
-            f"{args.dropout!r})))",
+            f"{args.dropout!r}, {args.gelu!r})))",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:  # its last line says why (the traceback above it is the measuring process's)
@@ -162,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     blas = blas_path()
     print(
         f"task={args.task} batch={args.batch_size} device={device_name} torch={torch.__version__} "
-        f"blas={blas} backend={args.backend} dropout={args.dropout}"
+        f"blas={blas} backend={args.backend} dropout={args.dropout} gelu={args.gelu}"
     )
     print(f"{'variant':34s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MB':>9s} {'params':>9s} {'vs softmax':>10s}")
     for v, r in results.items():
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                     "steps": args.steps,
                     "backend": args.backend,
                     "dropout": args.dropout,
+                    "gelu": args.gelu,
                 },
                 f,
                 indent=2,
@@ -210,6 +218,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.0,
         help="attention dropout on the latent code while training (the paper configs: 0.1)",
+    )
+    p.add_argument(
+        "--gelu",
+        default="none",
+        help="the MLP's GELU: none (erf, torch's default) | tanh (the paper configs', flax's nn.gelu)",
     )
     p.add_argument(
         "--all-positions",

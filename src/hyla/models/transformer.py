@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyla.attention import PRESETS, Attention, HookPoint, KVCache, attention_preset
+from hyla.attention.kernels.c.gelu import gelu
 
 FEEDFORWARDS: tuple[str, ...] = ("gelu", "swiglu")
 NORMS: tuple[str, ...] = ("layer", "rms")
@@ -134,7 +135,8 @@ def make_norm(kind: str, dim: int, eps: float = 1e-5) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """GELU MLP or SwiGLU (``swiglu``: ``W2 (silu(W_g x) * W_1 x)``, no biases)."""
+    """GELU MLP or SwiGLU (``swiglu``: ``W2 (silu(W_g x) * W_1 x)``, no biases). A tanh GELU on the CPU is the
+    C kernel's (:func:`hyla.attention.kernels.c.gelu.gelu`)."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "gelu", gelu_approximate: str = "none"):
         super().__init__()
@@ -146,7 +148,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
-        h = F.silu(self.gate(x)) * h if self.gate is not None else F.gelu(h, approximate=self.gelu_approximate)
+        h = F.silu(self.gate(x)) * h if self.gate is not None else gelu(h, approximate=self.gelu_approximate)
         return self.fc2(h)
 
 
@@ -176,9 +178,7 @@ class MoE(nn.Module):
         probs_BxTxE = self.hook_router(torch.softmax(self.router(x_BxTxD), dim=-1))
         top_w, top_i = probs_BxTxE.topk(self.top_k, dim=-1)
         gates_BxTxE = torch.zeros_like(probs_BxTxE).scatter(-1, top_i, top_w / top_w.sum(-1, keepdim=True))
-        h = F.gelu(
-            torch.einsum("btd,edm->btem", x_BxTxD, self.w1_ExDxM) + self.b1_ExM, approximate=self.gelu_approximate
-        )
+        h = gelu(torch.einsum("btd,edm->btem", x_BxTxD, self.w1_ExDxM) + self.b1_ExM, approximate=self.gelu_approximate)
         y_BxTxExD = torch.einsum("btem,emd->bted", h, self.w2_ExMxD) + self.b2_ExD
         num_experts = probs_BxTxE.shape[-1]
         routed_frac_E = (gates_BxTxE > 0).float().mean(dim=(0, 1)) / self.top_k

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hyla import cpu
+from hyla.attention.kernels.c import gelu
 from hyla.attention.kernels.c.wrapper import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model
 from hyla.train.checkpoint import checkpoint_step
@@ -104,6 +105,7 @@ def provenance(device: str) -> dict[str, Any]:
         made["kernel_march"] = target_march()  # the C kernel's -march
         made["kernel_source"] = source_digest()  # and its version: a new kernel may sum in another order
         made["blas"] = cpu.blas_path()  # which library's kernels sum the matrix products (hyla.cpu)
+        made["gelu"] = gelu.gelu_path()  # what computes a tanh GELU: the C kernel or torch
     return made
 
 
@@ -114,9 +116,13 @@ ROUNDING_SETTINGS: dict[str, str | None] = {
     "kernel_march": MARCH_ENV,
     "kernel_source": None,
     "blas": cpu.SETTING_ENV,
+    "gelu": gelu.SETTING_ENV,
 }
 #: a recorded value -> the value of its setting that gives it again, where the two differ
-PIN_VALUES: dict[str, dict[str, str]] = {"blas": {"mkl": "off", "mkl+vendor_override": "on"}}
+PIN_VALUES: dict[str, dict[str, str]] = {
+    "blas": {"mkl": "off", "mkl+vendor_override": "on"},
+    "gelu": {"torch": "off", "c_kernel": "auto"},
+}
 
 
 def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:

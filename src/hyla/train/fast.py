@@ -8,7 +8,7 @@ removes that overhead without changing the results beyond floating-point reorder
   ``reduce-overhead``, i.e. replayed as CUDA graphs (one launch per graph); elsewhere mode
   ``default`` (CPU: Inductor's C++ kernels). An explicit ``train.compile_mode`` other than
   ``default`` is respected. Under DDP no CUDA graphs (``default``).
-* fused AdamW and TF32 matmuls on CUDA are already the defaults of every run (``train.tf32``).
+* fused AdamW (CUDA and CPU) and TF32 matmuls on CUDA (``train.tf32``) are already the defaults of every run.
 
 Not part of it: ``train.bf16`` (it changes the losses beyond the 1e-4 contract, and at these sizes
 the step is launch-bound, so it would not pay). The data stays on the device and the step issues no

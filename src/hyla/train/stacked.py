@@ -12,7 +12,7 @@ another (:func:`hyla.train.plan.plan_groups`, by :func:`stack_key`). Each run ``
 * adds its own MoE load-balancing term (``train.moe_aux_weight``) to the loss, as its lone run does;
 * is updated by :class:`~hyla.train.optim.StackedAdamW` with its own learning-rate schedule and
   weight decay, with the arithmetic of ``torch.optim.AdamW`` (decay on the lone run's decayed
-  parameters only);
+  parameters only; on the CPU its fused kernel run by run, so a loop stack's numbers are its lone runs');
 * writes an ordinary run directory (the shell writes it; checkpoints hold ``torch.optim.AdamW``'s
   format), which ``hyla report`` reads and ``hyla train --resume`` continues, stacked or alone.
 
@@ -266,7 +266,7 @@ class StackedEngine(Engine):
 
     def _update(self, step: int | Tensor, grads: Tensor | None) -> None:
         assert grads is not None
-        self.optimizer.step(grads, self.optimizer.schedule_row(step))
+        self.optimizer.update(step, grads)
 
     def _step_graph(self) -> StackedStepGraph:
         return StackedStepGraph(self)

@@ -572,3 +572,79 @@ int NAME(hyla_backward)(const REAL *q, const i64 *qs, const REAL *k, const i64 *
     free((void *)A.bias);
     return failed;
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * GELU with the tanh approximation (the paper configs' feed-forward, flax's nn.gelu), elementwise over n
+ * contiguous values: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as its equal
+ * y = x s with s = sigmoid(2u) = (1 + tanh(u)) / 2, from e = exp(-2|u|) <= 1 (vexp's range):
+ * s = 1 / (1 + e) where u >= 0, e / (1 + e) where u < 0, and 1 - s likewise, so that neither side cancels.
+ * Gradient: dy/dx = s + 2 x s (1 - s) u'(x), u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+ * Every element goes through the same vector arithmetic (the tail is padded into one vector), so a value's
+ * result does not depend on its position or on n. */
+#define GELU_BETA ((REAL)0.79788456080286535588) /* sqrt(2 / pi) */
+#define GELU_KAPPA ((REAL)0.044715)
+#define GELU_CHUNK 4096 /* elements per OpenMP work unit */
+
+/* s and 1 - s for the lanes of x, with u'(x) when du is not NULL */
+static inline void gelu_sigmoids(vec x, vec *s, vec *one_minus_s, vec *du) {
+    const vec x2 = x * x;
+    const vec u = GELU_BETA * (x + GELU_KAPPA * (x2 * x));
+    const vmask neg = u < (vec){0};
+    const vec abs_u = (vec)(((vmask)u & ~neg) | ((vmask)((vec){0} - u) & neg));
+    const vec e = vexp((REAL)-2 * abs_u);
+    const vec inv = (REAL)1 / ((REAL)1 + e);
+    const vec e_inv = e * inv;
+    *s = (vec)(((vmask)inv & ~neg) | ((vmask)e_inv & neg));
+    *one_minus_s = (vec)(((vmask)e_inv & ~neg) | ((vmask)inv & neg));
+    if (du) *du = GELU_BETA * ((REAL)1 + ((REAL)3 * GELU_KAPPA) * x2);
+}
+
+static inline vec gelu_fwd_vec(vec x) {
+    vec s, t;
+    gelu_sigmoids(x, &s, &t, NULL);
+    return x * s;
+}
+
+static inline vec gelu_bwd_vec(vec x, vec dy) {
+    vec s, t, du;
+    gelu_sigmoids(x, &s, &t, &du);
+    return dy * (s + (REAL)2 * x * (s * t) * du);
+}
+
+static inline vec load_vec(const REAL *p, long m) { /* m <= VW values, the rest zero */
+    vec v = {0};
+    if (m == VW) memcpy(&v, p, sizeof(vec)); /* a constant size: one vector load */
+    else memcpy(&v, p, sizeof(REAL) * (size_t)m);
+    return v;
+}
+
+static inline void store_vec(REAL *p, vec v, long m) {
+    if (m == VW) memcpy(p, &v, sizeof(vec));
+    else memcpy(p, &v, sizeof(REAL) * (size_t)m);
+}
+
+/* the OpenMP work units of an elementwise pass over n values: [begin, end) of unit */
+#define GELU_UNITS(n) (((n) + GELU_CHUNK - 1) / GELU_CHUNK)
+#define GELU_END(unit, n) ((unit + 1) * GELU_CHUNK < (n) ? (unit + 1) * GELU_CHUNK : (n))
+
+void NAME(gelu_tanh_forward)(const REAL *x, REAL *y, i64 n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (i64 unit = 0; unit < GELU_UNITS(n); unit++) {
+        const i64 end = GELU_END(unit, n);
+        for (i64 i = unit * GELU_CHUNK; i < end; i += VW) {
+            const long m = end - i < VW ? (long)(end - i) : VW;
+            store_vec(y + i, gelu_fwd_vec(load_vec(x + i, m)), m);
+        }
+    }
+}
+
+void NAME(gelu_tanh_backward)(const REAL *x, const REAL *dy, REAL *dx, i64 n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (i64 unit = 0; unit < GELU_UNITS(n); unit++) {
+        const i64 end = GELU_END(unit, n);
+        for (i64 i = unit * GELU_CHUNK; i < end; i += VW) {
+            const long m = end - i < VW ? (long)(end - i) : VW;
+            store_vec(dx + i, gelu_bwd_vec(load_vec(x + i, m), load_vec(dy + i, m)), m);
+        }
+    }
+}
