@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,48 @@ def test_kernel_bits_finds_a_one_ulp_change_and_a_missing_case() -> None:
     missing = (2, 3, 5, 2, "softmax", str(torch.float64))
     del second[missing]
     assert kernel_bits.differing(first, second) == [f"{missing}: only in the first file"]
+
+
+def test_ab_speed_summarizes_the_paper_step_suite_per_side(tmp_path: Path) -> None:
+    """benchmarks/speed/ab_speed.py on the paper-step suite's files: per side and variant the median of the rounds'
+    lone ms a step with each round beside it, and each later side over the first; sides named VAR=VALUE too."""
+    import subprocess
+    import sys
+
+    sides = {"old": [200.0, 240.0, 220.0], "G=off": [110.0, 130.0, 90.0], "G=auto": [55.0, 66.0, 44.0]}
+    for side, values in sides.items():
+        (tmp_path / side).mkdir()
+        for round_, ms in enumerate(values, 1):
+            variants = {"softmax": {"lone_ms_per_step": ms}, "hyla": {"lone_ms_per_step": ms / 2}}
+            (tmp_path / side / f"paper_sraven_r{round_}.json").write_text(json.dumps({"variants": variants}))
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "speed" / "ab_speed.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "abc1234", *sides], capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("| paper step (ms)"))
+    assert head == "| paper step (ms) | variant | old | G=off | G=auto | G=off/old | G=auto/old |"
+    rows = [line for line in lines if line.startswith("| sraven |")]
+    assert rows == [
+        "| sraven | softmax | 220.0 (200.0 / 240.0 / 220.0) | 110.0 (110.0 / 130.0 / 90.0) "
+        "| 55.0 (55.0 / 66.0 / 44.0) | 0.50 | 0.25 |",
+        "| sraven | hyla | 110.0 (100.0 / 120.0 / 110.0) | 55.0 (55.0 / 65.0 / 45.0) "
+        "| 27.5 (27.5 / 33.0 / 22.0) | 0.50 | 0.25 |",
+    ]
+    assert not any(line.startswith("| model step") for line in lines)  # that suite did not run
+
+
+def test_ab_speed_refuses_a_setting_outside_the_paper_step_suite() -> None:
+    """benchmarks/speed/ab_speed.sh checks SUITE and SETTING before it makes a worktree or times anything."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "speed" / "ab_speed.sh"
+    for env, named in (
+        ({"SUITE": "fast"}, "SUITE must be all, one-thread-step or paper-step, got fast"),
+        ({"SETTING": "HYLA_FAST_GELU=off"}, "SETTING must be VAR=V1,V2,... with SUITE=paper-step"),
+        ({"SUITE": "paper-step", "SETTING": "novalues"}, "got SETTING=novalues"),
+    ):
+        done = subprocess.run(
+            ["bash", str(script), "HEAD", "/nonexistent/out"], env={**os.environ, **env}, capture_output=True, text=True
+        )
+        assert done.returncode == 2 and named in done.stderr, done.stderr

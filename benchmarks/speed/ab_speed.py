@@ -1,4 +1,6 @@
-"""Summarize ``benchmarks/speed/ab_speed.sh``: OUT/{old,new}/*_r<round>.json -> a markdown table on stdout.
+"""Summarize ``benchmarks/speed/ab_speed.sh``: OUT/<side>/*_r<round>.json -> markdown tables on stdout.
+
+    python benchmarks/speed/ab_speed.py OUT [OLD_REF] [SIDE ...]   # sides: old new (default), or old VAR=V ...
 
 Each cell is the median over rounds in ms per step; ``new/old`` below 1.00 means the new code is faster.
 """
@@ -33,7 +35,9 @@ def row(label: str, variant: str, old: float, new: float) -> str:
 
 def main() -> None:
     out, old_ref = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "old"
+    sides = sys.argv[3:] or ["old", "new"]
     lines = [f"Old: {old_ref}; new: the working tree. Medians over rounds; new/old < 1 is faster.", ""]
+    lines += paper_step(out, sides)
     training = ["| training step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
     for task in ("fuzzy", "sraven"):
         old, new = rounds(out, "old", f"train_{task}"), rounds(out, "new", f"train_{task}")
@@ -49,15 +53,34 @@ def main() -> None:
             training.append(row(f"{task}: 3 runs stacked, old default `{mode}`", variant, default_old, stack_new))
     if len(training) > 2:  # the one-thread-step suite times no training
         lines += [*training, ""]
-    lines += ["| model step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
+    model = ["| model step (ms) | variant | old | new | new/old |", "|---|---|---|---|---|"]
     for task in ("sraven", "fuzzy"):
         for name, label in ((f"step_{task}", task), (f"pair_{task}", f"{task}, two at once")):
             old, new = rounds(out, "old", name), rounds(out, "new", name)
             for variant in new[0]["variants"] if old and new else []:
                 v = ("variants", variant, "ms_per_step")
-                lines.append(row(label, variant, median_at(old, *v), median_at(new, *v)))
+                model.append(row(label, variant, median_at(old, *v), median_at(new, *v)))
+    if len(model) > 2:  # the paper-step suite times no model step
+        lines += model
     lines += profiles(out)
     print("\n".join(lines))
+
+
+def paper_step(out: Path, sides: list[str]) -> list[str]:
+    """The paper-step suite (``paper_<task>_r<round>.json``, one lone run of ``hyla bench train`` each): ms a step
+    per side, the median of the rounds' medians with each round's beside it, and each later side over the first."""
+    first, later = sides[0], sides[1:]
+    head = ["paper step (ms)", "variant", *sides, *(f"{side}/{first}" for side in later)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for task in ("sraven", "fuzzy"):
+        per_side = {side: rounds(out, side, f"paper_{task}") for side in sides}
+        for variant in per_side[first][0]["variants"] if all(per_side.values()) else []:
+            ms = {s: [float(r["variants"][variant]["lone_ms_per_step"]) for r in runs] for s, runs in per_side.items()}
+            median = {side: statistics.median(values) for side, values in ms.items()}
+            cells = [f"{median[s]:.1f} ({' / '.join(f'{v:.1f}' for v in ms[s])})" for s in sides]
+            ratios = [f"{median[s] / median[first]:.2f}" for s in later]
+            lines.append("| " + " | ".join([task, variant, *cells, *ratios]) + " |")
+    return [*lines, ""] if len(lines) > 2 else []
 
 
 def profiles(out: Path, top: int = 8) -> list[str]:
