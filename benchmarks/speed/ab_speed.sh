@@ -52,19 +52,14 @@ checkout() {  # side -> the checkout it runs from
     if [ "$1" = old ]; then echo "$tmp/old"; else echo "$REPO_ROOT"; fi
 }
 
-preload() {  # side -> LD_PRELOAD=... where that side's `hyla` command preloads a library, else nothing
-    local src
-    src="$(checkout "$1")"
-    (cd "$src" && PYTHONPATH="$src/src" "$PY" -m hyla.cpu --auto 2>/dev/null) || true
-}
-
 bench() {  # side, then the arguments of `hyla bench`; a side named VAR=VALUE sets that variable
+    # (the `hyla` command preloads what it wants itself, under that side's settings: HYLA_FAST_BLAS=off too)
     local side="$1" src
     shift
     src="$(checkout "$side")"
     local side_env=()
     [[ "$side" == *=* ]] && side_env=("$side")
-    (cd "$src" && env $(preload "$side") "${side_env[@]}" PYTHONPATH="$src/src" "$PY" -m hyla bench "$@" >/dev/null)
+    (cd "$src" && env "${side_env[@]}" PYTHONPATH="$src/src" "$PY" -m hyla bench "$@" >/dev/null)
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -110,9 +105,12 @@ done
 if [ "$SUITE" = one-thread-step ]; then
     for side in old new; do
         src="$(checkout "$side")"
+        # a plain script, not the `hyla` command: what that side's command would preload (MKL's vendor check
+        # overridden on an AMD CPU since #47)
+        preload="$(cd "$src" && PYTHONPATH="$src/src" "$PY" -m hyla.cpu --auto 2>/dev/null)" || preload=""
         for task in sraven fuzzy_logic; do
             for variant in softmax hyla; do
-                env $(preload "$side") OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/speed/profile_step.py" \
+                env $preload OMP_NUM_THREADS=1 PYTHONPATH="$src/src" "$PY" "$REPO_ROOT/benchmarks/speed/profile_step.py" \
                     --task "$task" --variant "$variant" --json "$OUT/$side/profile_${task%_logic}_$variant.json" >/dev/null
             done
         done
