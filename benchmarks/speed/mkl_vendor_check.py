@@ -4,7 +4,9 @@ thread, in four processes per round (rounds alternate them): MKL as installed, w
 MKL's own check answers on an AMD CPU). On an Intel CPU the first two are the same kernels and the third shows
 what the check costs; on an AMD CPU the first and the third are alike and the second is the gain. A fourth
 process times the same products on numpy's OpenBLAS (its kernels chosen by instruction set, not vendor): the
-limit measured beside MKL's.
+limit measured beside MKL's. Its row names the kernels OpenBLAS took (threadpoolctl): a numpy build older than
+the CPU may take older ones (on a Zen 5, Haswell's AVX2 kernels); ``OPENBLAS_CORETYPE=SkylakeX`` before the
+command times its AVX-512 kernels instead.
 
     PYTHONPATH=src python benchmarks/speed/mkl_vendor_check.py --rounds 3 > results/fast_blas_check.md
 """
@@ -40,7 +42,11 @@ for m, k, n in json.loads(sys.argv[1]):
     for _ in range(reps):
         a @ b
     out[f"{m}x{k}x{n}"] = 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
-print(json.dumps(out))
+kernels = None
+if sys.argv[2] == "numpy":
+    from threadpoolctl import threadpool_info
+    kernels = ", ".join(i.get("architecture", "?") for i in threadpool_info() if i["internal_api"] == "openblas")
+print(json.dumps({"rates": out, "kernels": kernels}))
 """
 
 
@@ -70,6 +76,7 @@ def main() -> int:
             "numpy (OpenBLAS)": env,
         }
         rates: dict[str, dict[str, list[float]]] = {mode: {} for mode in modes}
+        kernels: dict[str, str] = {}
         for _ in range(args.rounds):
             for mode, mode_env in modes.items():
                 done = subprocess.run(
@@ -79,8 +86,11 @@ def main() -> int:
                     text=True,
                     check=True,
                 )
-                for shape, rate in json.loads(done.stdout).items():
+                measured = json.loads(done.stdout)
+                for shape, rate in measured["rates"].items():
                     rates[mode].setdefault(shape, []).append(rate)
+                if measured["kernels"]:
+                    kernels[mode] = measured["kernels"]
     shapes = list(rates["as installed"])
     print(f"CPU: {cpu_model()} ({cpuinfo_field('vendor_id')}); float32 matrix products, one thread, GFLOP/s,")
     print(f"median (min-max) of {args.rounds} rounds, modes alternating within each round\n")
@@ -88,7 +98,8 @@ def main() -> int:
     print("|---|" + "---|" * len(shapes))
     for mode, by_shape in rates.items():
         cells = [f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})" for v in by_shape.values()]
-        print(f"| {mode} | " + " | ".join(cells) + " |")
+        label = f"{mode}, {kernels[mode]} kernels" if mode in kernels else mode
+        print(f"| {label} | " + " | ".join(cells) + " |")
     return 0
 
 
