@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -105,3 +106,45 @@ def test_only_the_run_directory_module_names_the_metrics_file() -> None:
     """``hyla.train.rundir`` owns the run directory's layout; everything else asks it."""
     naming = sorted(str(p.relative_to(SRC)) for p in (SRC / "hyla").rglob("*.py") if "metrics.jsonl" in p.read_text())
     assert naming == ["hyla/train/rundir.py"]
+
+
+#: the repository's reproduction lab, beside the package: it imports hyla, never the reverse
+LAB = SRC.parent / "lab"
+#: a lab path, or an issue number (``#38``), in the package's code or comments; the package's own default output
+#: folder for records (``results/sweeps``, where a user's runs go) is the one path of that kind it may name
+LAB_REFERENCE = re.compile(r"#[0-9]{2}\b|\blab/|\bbenchmarks/|(?<![\w.])results/(?!sweeps)")
+
+
+def test_the_package_imports_nothing_from_the_lab() -> None:
+    lab_modules = {p.stem for p in LAB.rglob("*.py")}
+    package_imports = {n.split(".")[0] for p in (SRC / "hyla").rglob("*.py") for n in imports_any(p)}
+    assert not package_imports & lab_modules, f"the package imports lab modules: {package_imports & lab_modules}"
+
+
+def test_the_lab_imports_the_package() -> None:
+    """The lab's scripts run on the library: each Python script of the lab that imports anything of ours imports
+    ``hyla``, and none reaches into another checkout through ``src`` paths."""
+    scripts = [p for p in LAB.rglob("*.py") if "runs" not in p.parts]
+    assert scripts and any("hyla" in imports_any(p) for p in scripts)
+
+
+def test_the_package_names_no_lab_path_or_issue_number() -> None:
+    found = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in sorted((SRC / "hyla").rglob("*"))
+        if p.suffix in {".py", ".yaml", ".c", ".json"} and "demo_records" not in p.parts
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if LAB_REFERENCE.search(line)
+    ]
+    assert not found, f"lab paths or issue numbers in the package: {found}"
+
+
+def imports_any(path: Path) -> set[str]:
+    """Every top-level name ``path`` imports (any package, lazy imports included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names

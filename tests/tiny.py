@@ -6,7 +6,10 @@ import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +20,7 @@ if TYPE_CHECKING:
 #: counts (steps), never on this
 HANG_GUARD_S = 30 * 60
 
-#: the authors' configs/raven.py shrunk for tests that run their code (benchmarks/authors/authors_sraven_resumable.py);
+#: the authors' configs/raven.py shrunk for tests that run their code (lab/authors/authors_sraven_resumable.py);
 #: warmup must stay below the schedule (optax needs decay_steps > 0)
 AUTHORS_TINY_BATCH = 8
 AUTHORS_TINY_MODEL = [
@@ -126,3 +129,31 @@ def autograd_node_names(t: torch.Tensor) -> set[str]:
         names.add(type(node).__name__)
         stack.extend(n for n, _ in node.next_functions)
     return names
+
+
+#: the tiny size of the sweeps here
+TINY_SWEEP_OVERRIDES = tiny_overrides(layers=1, steps=8, every=4, log_every=2, warmup_steps=2)
+
+
+def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], extra: dict | None = None) -> Path:
+    overrides = dict(o.split("=", 1) for o in TINY_SWEEP_OVERRIDES)
+    spec = {
+        "name": "tiny",
+        "config": "fuzzy_logic",
+        "rows": rows,
+        "grid": grid,
+        "seeds": seeds,
+        # the paper config's split (follows the seed) and dropout: a row's seeds and grid points stack
+        "overrides": {
+            k: yaml.safe_load(v)
+            for k, v in {
+                **overrides,
+                "data.split_seed": "null",
+                "model.attention_dropout": "0.1",
+                **(extra or {}),
+            }.items()
+        },
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path

@@ -4,7 +4,7 @@
 # ROUNDS rounds (a shared machine drifts by 10% between commands). Summary: benchmarks/speed/ab_speed.py.
 #
 # Usage: benchmarks/speed/ab_speed.sh [OLD_REF] [OUT]   (defaults: 8252169, the commit before the training
-#        restructure into one shell and two engines; results/restructure_speed)
+#        restructure into one shell and two engines; lab/tables/restructure_speed)
 # Environment: ROUNDS (default 2); SUITE, one of
 #   all              the tables above, on the machine's threads (default);
 #   one-thread-step  the model step of the SRAVEN and fuzzy-logic paper models, softmax and HYLA, attention

@@ -8,7 +8,7 @@ limit measured beside MKL's. Its row names the kernels OpenBLAS took (threadpool
 the CPU may take older ones (on a Zen 5, Haswell's AVX2 kernels); ``OPENBLAS_CORETYPE=SkylakeX`` before the
 command times its AVX-512 kernels instead.
 
-    PYTHONPATH=src python benchmarks/speed/mkl_vendor_check.py --rounds 3 > results/fast_blas_check.md
+    PYTHONPATH=src python benchmarks/speed/mkl_vendor_check.py --rounds 3 > lab/tables/fast_blas_check.md
 """
 
 from __future__ import annotations

@@ -1,28 +1,47 @@
-"""MkDocs hook: the site's results page is ``results/paper.md`` itself, with its figures (``results/paper/``).
+"""MkDocs hook: the site's Results pages are the lab's own generated pages, never copies that could fall behind.
 
-``hyla report --paper --out results`` writes both from the sweep records (``make test`` checks its tables
-against them), so the page is never a copy that could fall behind; the home page shows one of its figures.
+``results.md`` is the lab's index (``lab/README.md``, made by ``python lab/index.py``): every table and figure
+the reproduction measured, with its claim, command, machine and date. ``paper.md`` is ``lab/paper.md`` (made by
+``python lab/paper.py`` from the run records) with its figures (``lab/paper/``). The index links files of the
+lab tree that are not pages of the site: on the site those links become the paths they name.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
-#: the site path of the results page; its figures keep paper.md's relative links (``paper/NAME.png``)
-PAGE = "results.md"
+LAB = Path(__file__).resolve().parents[2] / "lab"
+#: the site path of the index page and of the paper page; the figures keep paper.md's relative links
+PAGE, PAPER = "results.md", "paper.md"
+#: a Markdown link ``[text](target)`` whose target is not a site page of ours
+LINK = re.compile(r"\[([^\]]+)\]\((?!https?://)([^)#]+)\)")
 
 
 def results_sources() -> dict[str, Path]:
-    """Site path -> file in ``results/``: the page and every figure it may link to."""
-    figures = sorted((RESULTS / "paper").glob("*.png"))
-    return {PAGE: RESULTS / "paper.md", **{f"paper/{p.name}": p for p in figures}}
+    """Site path -> file in ``lab/``: the index, the paper page and every figure the paper page may link to."""
+    figures = sorted((LAB / "paper").glob("*.png"))
+    return {PAGE: LAB / "README.md", PAPER: LAB / "paper.md", **{f"paper/{p.name}": p for p in figures}}
+
+
+def lab_links_as_paths(markdown: str) -> str:
+    """The index with each link into the lab tree shown as its path (``lab/...``), except the paper page."""
+
+    def shown(match: re.Match[str]) -> str:
+        text, target = match.groups()
+        return f"[{text}]({PAPER})" if target == PAPER else f"{text} (`lab/{target}`)"
+
+    return LINK.sub(shown, markdown)
 
 
 def on_files(files: Files, config: Any) -> Files:
     for uri, path in results_sources().items():
         files.append(File.generated(config, uri, abs_src_path=str(path)))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    return lab_links_as_paths(markdown) if page.file.src_uri == PAGE else markdown

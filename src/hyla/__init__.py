@@ -34,7 +34,7 @@ def load(run_dir: str | os.PathLike[str]) -> TrainedRun:
     :func:`hyla.train.rundir.load_trained` returns: ``.model``, ``.task``, ``.config``, ``.path``,
     ``.step`` (the updates its weights had) and ``.weights`` (``"final"`` or ``"checkpoint at step N"``).
 
-    ``run = hyla.load("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``
+    ``run = hyla.load("results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0")``
     """
     from hyla.train.rundir import load_trained  # lazy, as the attention module above
 

@@ -1,7 +1,7 @@
 """MKL's fast kernels on AMD CPUs: the vendor-check override, built, preloaded and recorded.
 
 PyTorch's x86 wheels link Intel MKL, which picks its matrix-product kernels by CPU vendor: on an AMD CPU it
-takes code paths far below what the core can do (#47: the SRAVEN step is about 1.6x slower for it on a 2-core
+takes code paths far below what the core can do (the SRAVEN step is about 1.6x slower for it on a 2-core
 AMD EPYC). MKL asks ``mkl_serv_intel_cpu_true()``, and ``libtorch_cpu`` calls it through its PLT, so a library
 loaded before torch that defines it to return 1 gives MKL's best kernels for the CPU's instruction sets; the
 PyTorch maintainers document this for their own wheels (pytorch/builder pull request 1245). The model and its

@@ -27,7 +27,7 @@ def tune_cpu_allocator() -> bool:
     ``B x H x Q x K`` score tensors are 10 MiB at SRAVEN sizes) with ``mmap`` or returns them to the
     kernel on ``free``, so every new tensor of that size page-faults on first touch: on the 2-core
     machine that costs about as much as the arithmetic of an elementwise op on it, and a training
-    step does dozens (``results/bench_step_cpu.md``). Raising the mmap and trim thresholds keeps
+    step does dozens. Raising the mmap and trim thresholds keeps
     those blocks in the heap for reuse; the cost is that the process keeps its peak memory instead
     of returning it. Same effect as ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` in the
     environment, or preloading jemalloc/tcmalloc as PyTorch's CPU tuning guide suggests.

@@ -1,18 +1,15 @@
-"""``hyla report --paper``: ``results/paper.md``, ours beside the paper's numbers, from the sweep records.
+"""``hyla report --paper``: ``OUT/paper.md``, ours beside the paper's numbers, from the sweep records.
 
 For each paper sweep (``hyla/configs/sweeps/``; then our follow-ups that have records): the command, the
 commits, machines and devices that trained it, the wall time, and per row our final OOD metric (mean +-
 s.e. over the finished seeds) at the grid point its in-distribution validation metric (split ``test``,
 final evaluation; among the points with the most finished seeds) chose, beside the paper's value,
 whether they agree within two standard errors, and every grid point. Rows not run yet say so. One
-figure per sweep: OOD against training step, one colour per row. The side-by-side short comparison with
-the authors' code (``results/side_by_side/curves.json``) follows as a table, then the hand-written
-findings of ``results/paper_findings.md`` (what we found where we disagree).
+figure per sweep: OOD against training step, one colour per row.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +17,7 @@ from pathlib import Path
 from hyla.analysis.latent_summary import figure_lines, latent_section
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.selection import SweepResults, paper_column, sweep_results
-from hyla.analysis.stats import first_reaching, format_mean_se, mean_se
+from hyla.analysis.stats import first_reaching, format_mean_se
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.rundir import (
     MADE_BY,
@@ -193,7 +190,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
         f"## {sweep.name}",
         "",
         f"Command: `hyla sweep {sweep.name}` (`src/hyla/configs/sweeps/{sweep.name}.yaml`; records in "
-        f"`results/sweeps/{sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(sweep.runs())} runs "
+        f"`{root / sweep.name}/`), then `hyla report --paper`. {len(done)} of {len(sweep.runs())} runs "
         f"finished, {len(loaded) - len(done)} in progress.",
         f"Commits: {', '.join(sorted(commits)) or '-'}. Devices: {'; '.join(sorted(devices)) or '-'}. "
         f"Training wall time so far: {wall / 3600:.2f} h{untimed}.",
@@ -273,7 +270,7 @@ def readme_table(root: Path) -> str:
                 f"| {r.seeds} |"
             )
         missing.append(f"{sum(r.ood is None for r in found.rows)} of {len(found.rows)} {task} rows")
-    lines += ["", f"Not run yet: {', '.join(missing)}; every row and grid point: `results/paper.md`."]
+    lines += ["", f"Not run yet: {', '.join(missing)}; every row and grid point: `hyla report --paper`."]
     return "\n".join(lines)
 
 
@@ -286,52 +283,10 @@ def replace_readme_table(text: str, table: str) -> str:
     return f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}"
 
 
-def side_by_side_section(path: Path) -> str:
-    """Mean +- s.e. OOD R^2 (%) at each evaluation step, per (code, setup, variant), from ``curves.json``."""
-    if not path.is_file():
-        return "## Side by side with the authors' code\n\nNot run yet (`benchmarks/authors/authors_side_by_side.sh`).\n"
-    data = json.loads(path.read_text())
-    every = int(data.get("meta", {}).get("eval_every", 0))
-
-    def aligned(step: int) -> int:  # the authors' code logs the evaluation after update k as step k + 1
-        return step - 1 if every and step % every == 1 else step
-
-    groups: dict[tuple[str, str, str], dict[int, list[float]]] = {}
-    for run in data["runs"]:
-        key = (run["code"], run["setup"], run["variant"])
-        for point in run["curve"]:
-            if point["split"] == "ood":
-                groups.setdefault(key, {}).setdefault(aligned(point["step"]), []).append(100 * point["r2"])
-    steps = sorted({s for curve in groups.values() for s in curve})
-    lines = [
-        "## Side by side with the authors' code (short schedule)",
-        "",
-        "Generated from `results/side_by_side/curves.json` (`benchmarks/authors/authors_side_by_side.sh`, "
-        "`benchmarks/authors/side_by_side.py`; analysis in `results/side_by_side/README.md`). OOD R^2 (%) on the "
-        "held-out term combinations (their split `test`), mean +- s.e. over seeds.",
-        "",
-        "| code | setup | variant | seeds | " + " | ".join(f"step {s}" for s in steps) + " |",
-        "|" + "---|" * (4 + len(steps)),
-    ]
-    for (code, setup, variant), curve in sorted(groups.items()):
-        seeds = max(len(v) for v in curve.values())
-        cells = [_fmt(mean_se(curve[s])) if s in curve else "-" for s in steps]
-        lines.append(f"| {code} | {setup} | {variant} | {seeds} | " + " | ".join(cells) + " |")
-    meta = data.get("meta", {})
-    if meta:
-        lines += [
-            "",
-            f"Machine: {meta.get('machine', '-')}; date {meta.get('date', '-')}; "
-            f"hyla {meta.get('hyla_commit', '-')}, authors' code {meta.get('authors_commit', '-')}.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def paper_report(
     out: Path,
     root: Path,
     sweeps: list[str] | None = None,
-    side_by_side: Path | None = None,
     latents: int = LATENT_PROBLEMS,
 ) -> str:
     """Write ``out/paper.md`` (figures in ``out/paper/``) and return its text."""
@@ -340,7 +295,7 @@ def paper_report(
     parts = [
         "# Ours beside the paper: Table A1 and Fig. 2C",
         "",
-        "Generated by `hyla report --paper --out results` from the sweep records in `results/sweeps/` "
+        f"Generated by `hyla report --paper --out {out} --sweep-root {root}` from the sweep records in `{root}/` "
         "(each run's `made_by.jsonl` names the commit, machine and device that trained it). The paper "
         "configs follow the authors' code (`src/hyla/configs/fuzzy_logic.yaml`, "
         "`src/hyla/configs/sraven.yaml`). Each row's "
@@ -352,10 +307,6 @@ def paper_report(
     follow_ups = [name for name in FOLLOW_UP_SWEEPS if (root / name).is_dir()]
     for name in sweeps or [*PAPER_SWEEPS, *follow_ups]:
         parts.append(sweep_section(load_sweep(name), root, figures, latents))
-    parts.append(side_by_side_section(side_by_side or out / "side_by_side" / "curves.json"))
-    findings = out / "paper_findings.md"  # hand-written: what we found where we disagree, kept beside the numbers
-    if findings.is_file():
-        parts.append(findings.read_text())
     text = "\n".join(parts)
     (out / "paper.md").write_text(text)
     return text

@@ -1,8 +1,7 @@
 """A sweep's records read once, and each row's grid point chosen by its in-distribution validation metric.
 
-What ``hyla report --paper`` tabulates (:mod:`hyla.analysis.paper_report`) and what the GPU queue decides by
-(:mod:`hyla.sweep.queue`: which point softmax's seeds train at), without the report's figures and latent-code
-analysis: the queue's commands import this module alone.
+What ``hyla report --paper`` tabulates (:mod:`hyla.analysis.paper_report`), without the report's figures and
+latent-code analysis, so that a script choosing which point to train next can import this module alone.
 """
 
 from __future__ import annotations

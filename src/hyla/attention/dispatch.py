@@ -146,7 +146,7 @@ def _checked(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None,
     return failure is None
 
 
-#: ``auto`` on CPU (measured in ``results/attention_cpu.md``, head-dim sweep): the C kernel's loops over
+#: ``auto`` on CPU (measured by a head-dim sweep on a 2-core CPU): the C kernel's loops over
 #: keys beat the direct form's batched matmuls for head dims up to FUSED_CPU_MAX_HEAD_DIM, and at any
 #: head dim once the direct form's ``B x H x Q x K`` tensors reach FUSED_CPU_MIN_SCORES elements
 #: (32 MiB in float32: from there each of them is a fresh mmap, page-faulted in on every step);
@@ -179,7 +179,7 @@ def cpu_auto_choice(
     return "direct"
 
 
-#: ``auto`` on CUDA (measured on an H100, ``results/gpu_h100.md``): the Triton kernel pads head dims to
+#: ``auto`` on CUDA (measured on an H100): the Triton kernel pads head dims to
 #: 16, so for the paper's task models (head dims 4-8, a few thousand query-key pairs per head) most of its
 #: work is padding, and the direct form (which ``torch.compile`` fuses) is faster: SRAVEN HYLA with the
 #: whole step as one CUDA graph ran 566 steps/s on the direct form against 433 on the kernel. Long

@@ -88,7 +88,7 @@ def bench_variant(
     for name, value, low in (("seeds", seeds, 1), ("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1)):
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
-    # the setting of the recorded measurements (results/train_throughput.md), from when stacks needed runs
+    # the setting of the recorded measurements, from when stacks needed runs
     # that share a split and draw no dropout masks: one split, nothing dropped (the paper configs stack too)
     stackable = ["model.attention_dropout=0", "data.split_seed=0"]
     base = [f"model.attention={variant}", f"train.fast={str(fast).lower()}", *stackable, *(overrides or [])]

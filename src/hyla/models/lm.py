@@ -11,7 +11,7 @@ WikiText config (16 heads, qk = v = 128 in total) uses heads of 8; read as a tot
 ``model.qk_dim=64 model.v_dim=64`` (heads of 8). Parameters with a 32k vocabulary: 41.6M here, 36.1M
 with heads of 8 (58.0M and 52.5M untied; counted as ``sum(p.numel() for p in Transformer(TransformerConfig(
 vocab_size=32000, output_dim=32000, **preset)).parameters())``); the paper says ~50M.
-``results/lm_cpu.md`` compares the two head sizes at ``lm_tiny`` scale.
+The docs' language-modeling page compares the two head sizes at ``lm_tiny`` scale.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def dry_run(
     total = sum(seconds.values())
     print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
     if jobs > 1 and pending:
-        # a stack costs about its runs one after another on a CPU (results/train_throughput.md)
+        # a stack costs about its runs one after another on a CPU (measured)
         costs = [sum(seconds[n] for n in group.names) for group in groups]
         print(
             f"with --jobs {jobs}: about {wall_seconds(costs, jobs) / 60:.1f} min "

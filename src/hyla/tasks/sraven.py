@@ -147,7 +147,7 @@ class SRaven(Task):
     export_help = "symbolic Raven problems: grid, rules, perm, task_id, rule_names"
     latent_probe = "rule"
     # the plateaus seen in both codes: 12-20% OOD at lr 1e-3 and 29-31% at lr 3e-4; runs past them went on past
-    # 43% (results/gpu_sraven_verdict/sraven_hyla_their_runs.md, the "Leaving the plateau" table of results/paper.md)
+    # 43%
     paper_column = PaperColumn(1, "acc", "OOD accuracy (%)", past_plateau=0.40)
     paper_config = "sraven"
     #: criteria of :func:`hyla.tasks.sraven_ambiguity.is_ambiguous`, strictest first

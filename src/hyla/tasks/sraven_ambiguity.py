@@ -9,8 +9,8 @@ fitting rules disagree counts too). The true binding and rules are always a read
 
 ``criterion="paper"`` reproduces the narrower count of the paper's public checker: a problem is
 ambiguous if under some binding *every* feature has a fitting rule with an answer different from
-the true one (only then does the paper's code count it). Measured fractions of both are in
-``results/data_generation.md``; they differ by two orders of magnitude.
+the true one (only then does the paper's code count it). The measured fractions of the
+two differ by two orders of magnitude.
 
 Computation: a feature's predictions depend only on the slot triple it binds ``(i_0, ..., i_{G-1})``,
 so the set of predicted answers is tabulated once per triple (``F^G`` triples, a bitmask over

@@ -107,7 +107,7 @@ class TrainConfig:
     checkpoint_every: int = 1000
     data_seed: int | None = None  # training stream; default derived from `seed`
     # a fresh run starts from these weights (safetensors of the model's state dict) instead of its initial draw;
-    # every random stream (data, dropout) stays the one `seed` gives. E.g. another code's initial draw (#38)
+    # every random stream (data, dropout) stays the one `seed` gives. E.g. another code's initial draw
     init_weights: str | None = None
     moe_aux_weight: float = 0.01  # MoE load-balancing loss weight (the paper has none: 0 in its configs)
     grad_accum_steps: int = 1  # micro-batches per update (the batch is split, the update is the same)

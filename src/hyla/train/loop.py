@@ -320,9 +320,9 @@ class Trainer:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=t.steps, initial=self.step, dynamic_ncols=True, desc=self.cfg.name)
+            bar = tqdm(total=self.target_step, initial=self.step, dynamic_ncols=True, desc=self.cfg.name)
         if self.step == 0:
-            self._say(self.engine.describe([run.cfg.name for run in self.runs], t.steps))
+            self._say(self.engine.describe([run.cfg.name for run in self.runs], self.target_step))
         caught: list[int] = []
         old_handlers = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in STOP_SIGNALS}
         last: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
@@ -366,6 +366,12 @@ class Trainer:
                     run.writer.flush()
         return last
 
+    @property
+    def target_step(self) -> int:
+        """The step this call trains to: ``stop_at_step`` when it comes before the schedule's end."""
+        steps = self.cfg.train.steps
+        return steps if self.stop_at_step is None else min(self.stop_at_step, steps)
+
     def _log_train(self, s: int, steps_per_s: float, bar: Any) -> None:
         t, metric = self.cfg.train, self.task.primary_metric
         flushed = self._flush_train_metrics()
@@ -383,7 +389,7 @@ class Trainer:
             if bar is not None:
                 bar.set_postfix(summary)
                 return
-            line = " ".join(f"{k}={v}" for k, v in summary.items())
+            line = f"{self.runs[0].cfg.name} " + " ".join(f"{k}={v}" for k, v in summary.items())
         else:
             speed = f"({steps_per_s:.1f} steps/s x {self.num_runs} runs) "
             line = speed + " ".join(
@@ -392,7 +398,7 @@ class Trainer:
             if bar is not None:
                 bar.set_postfix_str(line)
                 return
-        self._say(f"step {s}/{t.steps} {line}")
+        self._say(f"step {s}/{self.target_step} {line}")
 
     def _log_evaluation(self, s: int, bar: Any) -> list[dict[str, dict[str, float]]]:
         results = self.evaluate()

@@ -45,7 +45,7 @@ def build_optimizer(
 
     Fused on the CPU too: one kernel over every parameter instead of about ten small ops per tensor (the
     fuzzy-logic model's 40 tensors: 1.9-3.3 -> 0.4-0.7 ms an update, SRAVEN's 74: 3.6-6.1 -> 0.9-1.3 ms, one
-    thread, ``results/adamw_gelu_cpu/README.md``). Its rounding differs from the single-tensor loop's in the last
+    thread). Its rounding differs from the single-tensor loop's in the last
     bit."""
     decayed = decayed_parameter_names(model, cfg.train.weight_decay_mask)
     named = list(model.named_parameters())

@@ -42,7 +42,7 @@ def plan_groups(
 
 #: the largest stack a sweep trains unless told otherwise (``hyla sweep --max-stack``): 1, each run alone. On a
 #: CPU a stack of R runs costs about R lone steps (the loop forward); on an H100 a stack of 3 SRAVEN runs
-#: trained 124 steps/s (372 run-steps/s), one run alone 567 (results/gpu_queue/2026-11-27). Runs one after
+#: trained 124 steps/s (372 run-steps/s), one run alone 567. Runs one after
 #: another also finish, and land their records, one by one, instead of all at the end or none under a budget.
 SWEEP_MAX_STACK = 1
 

@@ -138,7 +138,7 @@ def load_trained(run_dir: str | Path) -> TrainedRun:
     """The trained model of a run directory, in eval mode: a finished run's final weights
     (``model.safetensors``), else those of its latest checkpoint.
 
-    ``trained = load_trained("results/sweeps/table_a1_sraven/hyla-lr0.001-weight_decay0.1-seed0")``, then
+    ``trained = load_trained("results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0")``, then
     ``trained.model``, ``trained.task``, ``trained.weights``...
     """
     run_dir = Path(run_dir)

@@ -67,7 +67,7 @@ def stack_forward_mode(setting: str, device: torch.device | str) -> str:
     """``train.stack_forward`` resolved for ``device``: ``vmap`` or ``loop``.
 
     ``auto`` is ``vmap`` on CUDA, where a step of these tiny models is launch-bound and one R times
-    wider launch is what pays, and ``loop`` elsewhere (``results/train_throughput.md``). The
+    wider launch is what pays, and ``loop`` elsewhere (measured). The
     retired ``threads`` (each run in its own CPU thread) reads as ``loop``.
     """
     if setting == "auto":

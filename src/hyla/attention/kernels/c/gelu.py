@@ -3,7 +3,7 @@ paper configs' feed-forward activation (flax's ``nn.gelu``), forward and backwar
 
 Why: on one thread of the 2-core Zen 3, torch's tanh GELU costs about 4 ns a float32 value each way (its erf GELU
 1-1.5, ``exp`` 0.3), so ``F.gelu(h, approximate="tanh")`` and its backward were 15% of the paper configs' SRAVEN
-HYLA step and 18% of the fuzzy-logic one (``results/adamw_gelu_cpu/README.md``).
+HYLA step and 18% of the fuzzy-logic one.
 The kernel computes the same function as ``x * sigmoid(2u)``, ``u = sqrt(2/pi) (x + 0.044715 x^3)`` (equal to
 ``0.5 x (1 + tanh u)``), with the library's vector ``exp``, so it rounds otherwise than torch in the last
 bits (and more accurately where ``1 + tanh u`` cancels); ``tests/test_gelu_cpu.py`` holds it to a float64

@@ -6,7 +6,7 @@ network and its output in cache-sized scratch, so no ``B x H x Q x K`` tensor is
 backward recomputes the row (as FlashAttention does) instead of storing it. q, k, v, the output and
 the gradients are read and written in the strides the model has (``B x T x H x E`` memory viewed as
 ``B x H x T x E``), so no transpose is copied on the way in or out. On the 2-core machine, one
-thread, this makes the SRAVEN paper model's HYLA step 0.79x softmax's (``results/kernel_speed_40``).
+thread, this makes the SRAVEN paper model's HYLA step 0.79x softmax's.
 
 The C file is compiled on first use with the system C compiler (``cc``/``gcc``/``clang`` with
 OpenMP; ``HYLA_CC`` overrides) into ``~/.cache/hyla/kernels`` (``HYLA_CACHE_DIR`` overrides), keyed by

@@ -35,7 +35,7 @@ and multiplied in fp32: the same numbers a GPU's fp32-accumulating tensor cores 
 
 Tile sizes: ``FWD_TILES`` / ``BWD_TILES`` below (``BLOCK_Q = BLOCK_K = 16``, forward ``BLOCK_D =
 min(DP, 64)`` with one grid axis per D chunk), overridable per call. They are correct for every size.
-On an H100 (``results/gpu_h100.md``, ``benchmarks/gpu/gpu_kernel_probe.py``), 16 x 16 tiles with 4 warps
+On an H100, 16 x 16 tiles with 4 warps
 forward and 8 backward were the fastest tried; larger tiles spill, and num_stages changed nothing.
 Both kernels run an order of magnitude under the tensor cores' rate: each step is a chain of small 3-D
 dots with a shared-memory round trip per permute. Where a signature needs more shared memory than
