@@ -118,3 +118,18 @@ def test_the_site_shows_lab_links_as_paths() -> None:
     assert hook.lab_links_as_paths(text) == (
         "see the table (`lab/tables/fast_blas.md`) and [the paper](paper.md), or [a site](https://x.org)"
     )
+
+
+def test_a_runs_record_files_are_not_ignored_by_git() -> None:
+    """What a finished run keeps (config, metrics, pieces, weights) must be addable: a pattern for scratch
+    folders (``runs/``) once matched ``lab/runs`` itself."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = [f"lab/runs/sweep/run/{n}" for n in ("config.yaml", "metrics.jsonl", "made_by.jsonl", "model.safetensors")]
+    done = subprocess.run(["git", "check-ignore", *names], cwd=ROOT, capture_output=True, text=True)
+    assert done.stdout.split() == []  # exit 1: none ignored
+    kept_local = subprocess.run(["git", "check-ignore", "lab/runs/sweep/run/checkpoints/latest"], cwd=ROOT)
+    assert kept_local.returncode == 0  # checkpoints stay local unless added on purpose
