@@ -266,3 +266,14 @@ def test_the_command_preloads_it_records_it_and_resumes_across_it(tmp_path: Path
     assert "blas=mkl+vendor_override, this one with blas=mkl; to continue alike, set HYLA_FAST_BLAS=on" in second.stderr
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] for m in metrics) == 8
+
+
+def test_the_reexecution_is_announced_once_per_cache(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+    from hyla import cpu
+
+    monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
+    library = tmp_path / "blas" / "mkl_vendor_override_x.so"
+    assert cpu.announce_reexec_once(library) is True
+    said = capsys.readouterr().err
+    assert str(library) in said and "HYLA_FAST_BLAS=off" in said
+    assert cpu.announce_reexec_once(library) is False and capsys.readouterr().err == ""

@@ -11,4 +11,4 @@ ${PYTHON:-python3} -m hyla bench attention --device cuda --seq-lens 128,256,512,
   --heads 16 --head-dim 64 --variants hyla_direct,hyla_chunked,hyla_fused,sdpa_softmax,eager_softmax,linear \
   --csv "$out/attention_cuda.csv" --json "$out/attention_cuda.json" --plot "$out/attention_cuda.png"
 ${PYTHON:-python3} lab/gpu/gpu_kernel_probe.py --json "$out/kernel_probe.json"
-${PYTHON:-python3} -m pytest -q -m kernel tests/test_kernels.py | tee "$out/kernel_tests.txt"
+${PYTHON:-python3} -m pytest -q -m kernel tests/attention/test_kernels.py | tee "$out/kernel_tests.txt"

@@ -52,7 +52,7 @@ def test_gpu_paper_script_runs_in_pieces_on_cpu_at_tiny_size(tmp_path: Path) -> 
 
     def call(where: str, minutes: str, **more: str) -> subprocess.CompletedProcess[str]:
         (tmp_path / where).mkdir(exist_ok=True)
-        script = ["bash", str(repo / "benchmarks" / "gpu" / "gpu_paper.sh")]
+        script = ["bash", str(repo / "lab" / "gpu" / "gpu_paper.sh")]
         run_env = {**env, "MINUTES": minutes, "ARCHIVE": str(tmp_path / f"{where}.tar.gz"), **more}
         done = subprocess.run(script, env=run_env, cwd=tmp_path / where, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr

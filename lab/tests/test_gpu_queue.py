@@ -96,7 +96,7 @@ def test_authors_flags_command_takes_one_given_flag(capsys: pytest.CaptureFixtur
     ``--given FLAG`` (two words) would read as an option of its own."""
     assert queue.main(["authors-flags", "--given=--config.lr=0.001"]) == 0
     assert capsys.readouterr().out.split() == ["--config.weight_decay=0.3", "--config.warmup_steps=1000"]
-    script = (Path(__file__).resolve().parents[1] / "lab" / "gpu" / "gpu_paper.sh").read_text()
+    script = (REPO / "lab" / "gpu" / "gpu_paper.sh").read_text()
     assert 'authors-flags --given="${AUTHORS_EXTRA:-}"' in script
 
 

@@ -59,7 +59,7 @@ def tiny_sweep(where: Path, task: str, grid: dict) -> Path:
 
 def tiny_env(tmp_path: Path, sraven_grid: dict) -> dict[str, str]:
     """The environment of a CPU call of the scripts at tiny size: the tiny sweeps, our package, one thread, no
-    report (tested with gpu_paper.sh in tests/test_sweep.py)."""
+    report (tested with gpu_paper.sh in tests/sweep/test_sweep.py)."""
     return {
         **os.environ,
         "DEVICE": "cpu",
@@ -97,7 +97,7 @@ def test_two_calls_continue_their_runs_and_archive_ours(tmp_path: Path) -> None:
         **tiny_env(tmp_path, {"train.lr": [0.001, 0.0003]}),  # SRAVEN: one stack of two runs
         "AUTHORS_SEEDS": "",
         # ours without torch.compile: what a call runs of ours is tested by gpu_paper.sh's own test
-        # (tests/test_sweep.py); here, how the two parts share the call and its archive
+        # (tests/sweep/test_sweep.py); here, how the two parts share the call and its archive
         "EXTRA": "train.fast=false",
         "REPORT": "0",  # and the paper report in its archive too
     }

@@ -10,25 +10,28 @@ from hyla import cpu
 from hyla.runtime import tune_cpu_allocator
 from hyla.textio import print_warnings_on_one_line
 
-#: subcommand -> module providing ``register(subparsers)``; imported lazily so ``hyla --help`` is fast
-SUBCOMMANDS: dict[str, str] = {
-    "demo": "hyla.demo",
-    "train": "hyla.train.cli",
-    "sweep": "hyla.sweep.cli",
-    "data": "hyla.export",
-    "bench": "hyla.bench",
-    "analyze": "hyla.analysis.cli",
-    "report": "hyla.analysis.report",
-    "generate": "hyla.text.generate",
+#: subcommand -> (module providing ``register(subparsers)``, its line in ``hyla --help``); a module is imported
+#: only for its own command, so ``hyla --help`` imports neither torch nor matplotlib
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("hyla.demo", "HYLA beside softmax: the paper's trained models re-scored, and a short run (CPU)"),
+    "train": ("hyla.train.cli", "train a model on a task (packaged configs: hyla/configs/)"),
+    "sweep": ("hyla.sweep.cli", "run a sweep file (packaged ones by name): resumable, recorded under ./results/sweeps"),
+    "data": ("hyla.export", "export task problems as .npz"),
+    "bench": ("hyla.bench", "speed and memory benchmarks"),
+    "analyze": ("hyla.analysis.cli", "latent-code analysis of trained runs"),
+    "report": ("hyla.analysis.report", "tables (mean +- s.e. over seeds) and plots over run directories"),
+    "generate": ("hyla.text.generate", "sample text from a trained language-model run"),
 }
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with ``only``'s subcommand registered by its module (every other one a line of help), or with
+    none registered (``only`` None: ``hyla --help``)."""
     parser = argparse.ArgumentParser(prog="hyla", description="Attention as a Hypernetwork: train, evaluate, analyze.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
-        if only is not None and name != only:
-            sub.add_parser(name, help=f"(see `hyla {name} --help`)")
+    for name, (module_name, summary) in SUBCOMMANDS.items():
+        if name != only:
+            sub.add_parser(name, help=summary)
             continue
         try:
             module = importlib.import_module(module_name)

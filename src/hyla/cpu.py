@@ -171,6 +171,23 @@ def preload_environment(environ: dict[str, str] | None = None, library: Path | N
     return env
 
 
+def announce_reexec_once(library: Path) -> bool:
+    """Say once per cache folder (a marker file there) that the command re-runs itself with the override; True
+    if it said so now. Every later command re-runs silently: the line is news only the first time."""
+    marker = cache_dir("blas") / "reexec_announced"
+    if marker.exists():
+        return False
+    print(
+        f"hyla: on this AMD CPU, each hyla command re-runs itself with LD_PRELOAD={library} so that MKL takes its "
+        f"fast kernels ({SETTING_ENV}=off turns this off; the docs' backends page says why). Said once.",
+        file=sys.stderr,
+    )
+    with contextlib.suppress(OSError):  # a read-only cache only means saying it again next time
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    return True
+
+
 def reexec_with_override(args: list[str]) -> None:
     """Re-execute this process as ``python -m hyla ARGS`` with the override preloaded, if :func:`wanted` and
     not loaded yet; return (and go on as installed) where it is not wanted, is loaded, or cannot be set up
@@ -194,6 +211,7 @@ def reexec_with_override(args: list[str]) -> None:
         return
     env = preload_environment(library=library)
     env[TRIED_ENV] = "1"
+    announce_reexec_once(library)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "hyla", *args], env)

@@ -86,12 +86,14 @@ def _add_option_flags(parser: argparse.ArgumentParser, task: type[Task]) -> None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="export task problems as .npz (format: README, 'Task data')")
+    p = sub.add_parser("data", help="export task problems as .npz (the format: the docs' tasks page)")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for name, entry in REGISTRY.items():
         if entry.task.export_help is None:
             continue
-        q = tasks.add_parser(name.replace("_", "-"), help=entry.task.export_help)
+        # the registry's name (as `hyla train` and the configs spell it) and its hyphenated form, both accepted
+        spellings = sorted({name, name.replace("_", "-")}, key=lambda s: s != name)
+        q = tasks.add_parser(spellings[0], aliases=spellings[1:], help=entry.task.export_help)
         _add_option_flags(q, entry.task)
         q.add_argument(
             "overrides",

@@ -333,7 +333,7 @@ def test_fused_cpu_without_a_compiler_says_so_and_auto_falls_back(monkeypatch: p
 
 
 @pytest.mark.slow
-def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
     monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
     compiler = c_wrapper._compiler()
     if compiler is None:
@@ -341,7 +341,10 @@ def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, 
     built = c_wrapper._build(compiler)
     assert built.parent == tmp_path / "kernels" and built.suffix == ".so"
     assert sorted(p.name for p in built.parent.iterdir()) == [built.name]  # no leftovers
+    announced = capsys.readouterr().err.splitlines()
+    assert len(announced) == 1 and str(tmp_path / "kernels") in announced[0]  # the slow first build, said once
     assert c_wrapper._build(compiler) == built  # cached
+    assert capsys.readouterr().err == ""  # and silent once built
 
 
 def test_the_kernel_check_is_marked_constant_as_torch_marks_it_without_importing_dynamo() -> None:

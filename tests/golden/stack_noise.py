@@ -1,4 +1,4 @@
-"""Where ``STACK_RTOL`` (tests/test_stacked.py) comes from: how far a tiny run moves, step by step, when only
+"""Where ``STACK_RTOL`` (tests/train/test_stacked.py) comes from: how far a tiny run moves, step by step, when only
 its arithmetic changes.
 
 Trains the tiny SRAVEN run of the stacked-vs-lone tests (seed 0, ``FEW_STEPS`` but ``--steps`` steps) under

@@ -109,7 +109,7 @@ class WholeStepGraph(EngineGraph):
     """``train.graph_step`` for a lone run: fused AdamW is ``capturable``, its learning rate a device
     tensor written before each replay. A step is then one graph launch plus one scalar write, instead of
     hundreds of kernel launches with Python between them (the same losses within floating-point
-    reordering; tests/test_stacked.py checks it on CUDA)."""
+    reordering; tests/train/test_stacked.py checks it on CUDA)."""
 
     engine: LoneEngine
 

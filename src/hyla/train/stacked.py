@@ -26,7 +26,7 @@ runs are called one after another with the lone model's kernels (``train.stack_f
 Attention dropout draws each run's masks from that run's own generator, which starts where the lone
 run's default generator starts and is checkpointed as its state, so a run drops the same pairs stacked
 or alone. A stacked run equals its lone run bit for bit with the loop forward, and up to floating-point
-reordering with vmap (``tests/test_stacked.py``).
+reordering with vmap (``tests/train/test_stacked.py``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Covers (``COVERAGE["manual_backward"]`` in :mod:`hyla.attention.kernels.coverage
 ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none``, every phi, the masks and
 biases the direct form takes, any float dtype and device; ``backend="auto"`` uses it on CPU.
 First-order gradients only (double backward raises), and not inside ``torch.vmap`` (stacked runs use
-the direct form). Tested against the direct form in ``tests/test_cpu_backends.py``.
+the direct form). Tested against the direct form in ``tests/attention/test_cpu_backends.py``.
 """
 
 from __future__ import annotations

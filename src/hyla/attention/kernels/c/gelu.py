@@ -6,7 +6,7 @@ Why: on one thread of the 2-core Zen 3, torch's tanh GELU costs about 4 ns a flo
 HYLA step and 18% of the fuzzy-logic one.
 The kernel computes the same function as ``x * sigmoid(2u)``, ``u = sqrt(2/pi) (x + 0.044715 x^3)`` (equal to
 ``0.5 x (1 + tanh u)``), with the library's vector ``exp``, so it rounds otherwise than torch in the last
-bits (and more accurately where ``1 + tanh u`` cancels); ``tests/test_gelu_cpu.py`` holds it to a float64
+bits (and more accurately where ``1 + tanh u`` cancels); ``tests/attention/test_gelu_cpu.py`` holds it to a float64
 reference. :data:`SETTING_ENV` (``HYLA_FAST_GELU``) ``off`` keeps torch's.
 
 :func:`gelu` is what the models call: the kernel for a tanh GELU of a float32 or float64 CPU tensor where the

@@ -37,6 +37,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ def _build(compiler: str) -> Path:
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    # the one slow first call (tens of seconds on a small CPU): said, so that it is not taken for a hang
+    print(f"hyla: compiling the C attention kernel for this CPU once, into {cache} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         try:
             built = _compile(compiler, flags, Path(tmp))
