@@ -207,3 +207,25 @@ def test_first_reaching_takes_the_earliest_step_at_or_above_the_level() -> None:
     assert first_reaching(curve, 0.2) == 10
     assert first_reaching(curve, 0.6) is None
     assert first_reaching([], 0.0) is None
+
+
+def test_a_row_says_among_how_many_points_it_was_chosen_and_which_seeds_trained_on_a_gpu(tmp_path: Path) -> None:
+    from hyla.analysis.selection import sweep_results
+
+    sweep_file = tiny_table_a1(tmp_path, {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}})
+    sweep = load_sweep(str(sweep_file))
+    records = tmp_path / "sweeps" / "table_a1_tiny"
+    for spec in sweep.runs(["hyla"]):
+        fake_record(records, spec, test=0.9, ood=0.8)
+    for spec in sweep.runs(["linear"]):
+        if dict(spec.point)["train.lr"] == 0.001:
+            fake_record(records, spec, test=0.9, ood=0.6)
+    gpu_piece = {"commit": "abc1234", "machine": "m", "device": "NVIDIA H200", "date": "d", "wall_s": 6.0}
+    hyla_seed1 = next(s for s in sweep.runs(["hyla"]) if s.seed == 1 and dict(s.point)["train.lr"] == 0.001)
+    with (records / hyla_seed1.name / "made_by.jsonl").open("a") as f:
+        f.write(json.dumps(gpu_piece) + "\n")
+    rows = {r.row: r for r in sweep_results(sweep, tmp_path / "sweeps").rows}
+    assert (rows["hyla"].points_run, rows["hyla"].points_planned) == (2, 2)
+    assert (rows["linear"].points_run, rows["linear"].points_planned) == (1, 2)
+    chosen_lr = dict(rows["hyla"].point)["train.lr"]
+    assert rows["hyla"].partly_gpu == (1 if chosen_lr == 0.001 else 0) and rows["linear"].partly_gpu == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
 from hyla.analysis.plots import learning_curves
-from hyla.analysis.selection import SweepResults, paper_column, sweep_results
+from hyla.analysis.selection import RowResult, SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se
 from hyla.train.checkpoint import checkpoint_step
 from hyla.train.rundir import (
@@ -166,17 +166,30 @@ def chosen_table(found: SweepResults) -> list[str]:
     docs' results page, which is ``paper.md``; ``make test`` checks it against the records)."""
     cells, what = point_cells(found.sweep), paper_column(found.task).title
     head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
-    table = [head + f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) |", "|" + "---|" * 7]
+    table = [
+        head + f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) | chosen among |",
+        "|" + "---|" * 8,
+    ]
     for r in found.rows:
         if r.ood is None:
-            table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - |")
+            table.append(f"| {r.row} | 0 | {r.status} | - | - | {_fmt(r.paper)} | - | - |")
             continue
         chosen = ", ".join(cells(r.row, r.point)) or "-"
         table.append(
-            f"| {r.row} | {r.seeds} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
-            f"{agreement(r.ood, r.paper, r.seeds)} |"
+            f"| {r.row} | {seeds_cell(r)} | {chosen} | {_fmt(r.test)} | {_fmt(r.ood)} | {_fmt(r.paper)} | "
+            f"{agreement(r.ood, r.paper, r.seeds)} | {points_cell(r)} |"
         )
     return table
+
+
+def seeds_cell(r: RowResult) -> str:
+    """The finished seeds, and how many of them trained partly on a GPU."""
+    return f"{r.seeds} ({r.partly_gpu} partly on GPU)" if r.partly_gpu else str(r.seeds)
+
+
+def points_cell(r: RowResult) -> str:
+    """Among how many grid points, of those the sweep plans, the row's point was chosen."""
+    return f"{r.points_run} of {r.points_planned} points"
 
 
 def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:
@@ -252,8 +265,8 @@ def readme_table(root: Path) -> str:
     from hyla.attention.config import PRESET_TITLES
 
     lines = [
-        "| Table A1 row | task: OOD metric | ours (%) | paper (%) | agree within 2 s.e. | seeds |",
-        "|---|---|---|---|---|---|",
+        "| Table A1 row | task: OOD metric | ours (%) | paper (%) | agree within 2 s.e. | seeds | chosen among |",
+        "|---|---|---|---|---|---|---|",
     ]
     missing = []
     for name in README_SWEEPS:
@@ -267,7 +280,7 @@ def readme_table(root: Path) -> str:
             title = PRESET_TITLES.get(preset, preset) + (" + MoE" if r.row.endswith("_moe") else "")
             lines.append(
                 f"| {title} | {what} | {_fmt(r.ood)} | {_fmt(r.paper)} | {agreement(r.ood, r.paper, r.seeds)} "
-                f"| {r.seeds} |"
+                f"| {seeds_cell(r)} | {points_cell(r)} |"
             )
         missing.append(f"{sum(r.ood is None for r in found.rows)} of {len(found.rows)} {task} rows")
     lines += ["", f"Not run yet: {', '.join(missing)}; every row and grid point: `hyla report --paper`."]

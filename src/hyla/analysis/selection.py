@@ -12,7 +12,7 @@ from pathlib import Path
 from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.stats import mean_se
 from hyla.tasks import PaperColumn, task_entry
-from hyla.train.rundir import RunRecord, has_record, read_run, run_state
+from hyla.train.rundir import RunRecord, has_record, read_pieces, read_run, run_state
 from hyla.train.sweepfile import RunSpec, Sweep
 
 
@@ -58,6 +58,12 @@ class RowResult:
     status: str = ""
     #: the chosen grid point's runs that have records
     runs: list[RunRecord] = field(default_factory=list)
+    #: the row's grid points with a finished seed, which the choice was made among, and all it plans
+    points_run: int = 0
+    points_planned: int = 0
+    #: finished runs at the chosen point that trained some of their steps on a GPU (TF32, compiled, another data
+    #: stream from the switch on): the row's numbers are then not all-CPU ones
+    partly_gpu: int = 0
 
 
 @dataclass
@@ -73,6 +79,11 @@ class SweepResults:
     done: set[str]
     #: every planned run, grouped by ``(row, point)``, in sweep order
     by_point: dict[tuple[str, tuple], list[RunSpec]]
+
+
+def trained_on_gpu(run_dir: Path) -> bool:
+    """Whether any piece of the run's ``made_by.jsonl`` trained on a GPU."""
+    return any(not str(piece.get("device", "cpu")).startswith("cpu") for piece in read_pieces(run_dir))
 
 
 def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
@@ -118,5 +129,20 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
         _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
         _, test = stats(specs, "test")
         chosen = [loaded[s.name] for s in specs if s.name in loaded]
-        rows.append(RowResult(row, n, point, test, ood, paper, runs=chosen))
+        planned = sum(r == row for r, _ in by_point)
+        on_gpu = sum(trained_on_gpu(records / s.name) for s in specs if s.name in done)
+        rows.append(
+            RowResult(
+                row,
+                n,
+                point,
+                test,
+                ood,
+                paper,
+                runs=chosen,
+                points_run=len(candidates),
+                points_planned=planned,
+                partly_gpu=on_gpu,
+            )
+        )
     return SweepResults(sweep, task, rows, points, loaded, done, by_point)
