@@ -45,7 +45,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``hyla ARGV``. As the process's own entry (``argv`` None) it may first re-execute itself once with
-    MKL's vendor check overridden (:mod:`hyla.cpu`; ``HYLA_FAST_BLAS=off`` turns that off)."""
+    MKL's vendor check overridden (``hyla.cpu``; ``HYLA_FAST_BLAS=off`` turns that off)."""
     own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and not argv[0].startswith("-") else None

@@ -7,16 +7,16 @@ loaded before torch that defines it to return 1 gives MKL's best kernels for the
 PyTorch maintainers document this for their own wheels (pytorch/builder pull request 1245). The model and its
 float32 arithmetic stay; only which MKL kernel sums a product changes, as between two CPUs.
 
-The ``hyla`` command applies it by itself (:func:`reexec_with_override`: before its first torch import it
+The ``hyla`` command applies it by itself (``reexec_with_override``: before its first torch import it
 re-executes itself once with the library in ``LD_PRELOAD``, so that workers it starts inherit it); ``import
 hyla`` never does, since the library must be loaded before torch. In a script of your own, prepend what
 ``python -m hyla.cpu`` prints::
 
     $(python -m hyla.cpu) python train.py     # LD_PRELOAD=~/.cache/hyla/blas/mkl_vendor_override_....so
 
-:data:`SETTING_ENV` (``HYLA_FAST_BLAS``) decides: ``auto`` (default) applies it on an AMD CPU where torch's BLAS
+``SETTING_ENV`` (``HYLA_FAST_BLAS``) decides: ``auto`` (default) applies it on an AMD CPU where torch's BLAS
 is MKL, ``on`` wherever torch's BLAS is MKL (on an Intel CPU MKL already takes these kernels: nothing changes),
-``off`` never. The library is built with the system C compiler (:func:`hyla.runtime.c_compiler`) into
+``off`` never. The library is built with the system C compiler (``hyla.runtime.c_compiler``) into
 ``~/.cache/hyla/blas`` (``HYLA_CACHE_DIR``); where it cannot be (no compiler, another BLAS, not Linux) the
 command goes on as before with one warning line.
 """
@@ -41,7 +41,7 @@ from hyla.textio import write_text_atomic
 #: the environment variable that turns the override on or off
 SETTING_ENV = "HYLA_FAST_BLAS"
 SETTINGS = ("auto", "on", "off")
-#: set by :func:`reexec_with_override` on the process it starts: a second try never re-executes again
+#: set by ``reexec_with_override`` on the process it starts: a second try never re-executes again
 TRIED_ENV = "HYLA_FAST_BLAS_TRIED"
 LIBRARY_PREFIX = "mkl_vendor_override_"
 #: the override, and a counter of MKL's calls to it: whether MKL consults it is then a fact a test can read
@@ -57,7 +57,7 @@ class FastBlasWarning(UserWarning):
 
 
 def setting() -> str:
-    """The value of :data:`SETTING_ENV` (default ``auto``); a ValueError naming the allowed values if bad."""
+    """The value of ``SETTING_ENV`` (default ``auto``); a ValueError naming the allowed values if bad."""
     return env_setting(SETTING_ENV, SETTINGS)
 
 
@@ -67,7 +67,7 @@ def is_amd_cpu() -> bool:
 
 def torch_blas() -> str:
     """The BLAS torch was built with (``mkl``, ``open``, ``accelerate``, ...), lower case; ``unknown`` if torch
-    does not say. Remembered per torch install (:func:`_torch_blas_record`), so that where torch is not imported
+    does not say. Remembered per torch install (``_torch_blas_record``), so that where torch is not imported
     yet the answer does not import it: the ``hyla`` command decides to re-execute before its first torch import."""
     record = _torch_blas_record()
     if "torch" not in sys.modules and record is not None and record.exists():
@@ -84,7 +84,7 @@ def torch_blas() -> str:
 
 
 def _torch_blas_record() -> Path | None:
-    """Where :func:`torch_blas` remembers the answer for the torch that ``import torch`` would load: a file in
+    """Where ``torch_blas`` remembers the answer for the torch that ``import torch`` would load: a file in
     ``cache_dir("blas")`` named by torch's path, its ``version.py`` (version, commit, CUDA) and the size of its
     CPU library, read without importing torch; None where torch is not found that way."""
     spec = importlib.util.find_spec("torch")
@@ -117,7 +117,7 @@ def blas_path() -> str:
 
 
 def wanted() -> bool:
-    """Whether :data:`SETTING_ENV` asks for the override on this machine (before checking it can be had)."""
+    """Whether ``SETTING_ENV`` asks for the override on this machine (before checking it can be had)."""
     mode = setting()
     return mode == "on" or (mode == "auto" and is_amd_cpu())
 
@@ -189,9 +189,9 @@ def announce_reexec_once(library: Path) -> bool:
 
 
 def reexec_with_override(args: list[str]) -> None:
-    """Re-execute this process as ``python -m hyla ARGS`` with the override preloaded, if :func:`wanted` and
+    """Re-execute this process as ``python -m hyla ARGS`` with the override preloaded, if ``wanted`` and
     not loaded yet; return (and go on as installed) where it is not wanted, is loaded, or cannot be set up
-    (then with one :class:`FastBlasWarning`). Call it from the command line's entry only, before any work."""
+    (then with one ``FastBlasWarning``). Call it from the command line's entry only, before any work."""
     if not wanted() or override_loaded():
         return
     if os.environ.get(TRIED_ENV):
@@ -220,7 +220,7 @@ def reexec_with_override(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m hyla.cpu [--auto]``: print ``LD_PRELOAD=PATH``, to prepend to a command (nothing where MKL is
     not torch's BLAS, with the reason on stderr). With ``--auto``, print it only where the ``hyla`` command would
-    preload it itself (:func:`wanted`: :data:`SETTING_ENV` and the CPU's vendor), else nothing, with exit 0."""
+    preload it itself (``wanted``: ``SETTING_ENV`` and the CPU's vendor), else nothing, with exit 0."""
     parser = argparse.ArgumentParser(prog="python -m hyla.cpu", description=main.__doc__.splitlines()[0])
     parser.add_argument("--auto", action="store_true", help=f"only where {SETTING_ENV} asks for it on this CPU")
     args = parser.parse_args(argv)

@@ -51,7 +51,7 @@ PACKAGED_RECORDS = Path(__file__).resolve().parent / "demo_records"
 
 def paper_records(sweep_name: str, root: Path, variants: list[str]) -> dict[str, Path]:
     """Each variant's record folder: the sweep's first run of that row at seed 0 (its first grid point), under
-    ``root``, else the package's copy (:data:`PACKAGED_RECORDS`)."""
+    ``root``, else the package's copy (``PACKAGED_RECORDS``)."""
     sweep = load_sweep(sweep_name)
     records = {}
     for variant in variants:

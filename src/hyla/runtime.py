@@ -59,7 +59,7 @@ def env_setting(name: str, allowed: tuple[str, ...]) -> str:
 
 
 def cpuinfo_field(name: str) -> str | None:
-    """The value on the first ``name`` line of :data:`CPUINFO` (``"model name"``, ``"flags"``), or None where there
+    """The value on the first ``name`` line of ``CPUINFO`` (``"model name"``, ``"flags"``), or None where there
     is no such line or file (not Linux)."""
     try:
         text = CPUINFO.read_text()

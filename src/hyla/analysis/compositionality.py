@@ -2,7 +2,7 @@
 
 Codes. A problem's code is a ``(F, D)`` matrix: row ``j`` is the code of the answer slot holding
 canonical feature ``j`` (``D = layers * 2 keys * heads``), so row ``j`` always carries the rule
-``rules[n, j]`` (:func:`canonical_codes`). A task's code is the mean over its problems in the sample.
+``rules[n, j]`` (``canonical_codes``). A task's code is the mean over its problems in the sample.
 
 Distances. A task is a *multiset* of F rules (canonical feature ``j`` gets the j-th rule of the sorted
 multiset), so both distances compare tasks by the best matching of their F features, not position by

@@ -1,6 +1,6 @@
 """Latent-code analysis of one run, as the CLI and ``hyla report`` use it: probe, topographic similarity.
 
-By the task's probe (:attr:`hyla.tasks.base.Task.latent_probe`). Rule probe (SRAVEN): codes of ``num``
+By the task's probe (``hyla.tasks.base.Task.latent_probe``). Rule probe (SRAVEN): codes of ``num``
 problems of the ``test`` split (training tasks) and of the ``ood`` split (held-out tasks) are extracted
 once; the probe is fit on the first and scored on the second; the topographic similarity is measured
 on the ``ood`` task codes. Term probe (fuzzy logic): ridge on ``num`` sequences of the ``test`` split.
@@ -23,7 +23,7 @@ FIGURE_SPLITS = ("test", "ood")
 
 
 def latent_probe(run_dir: str | Path) -> str | None:
-    """The latent-code probe of a run's task (:attr:`hyla.tasks.base.Task.latent_probe`)."""
+    """The latent-code probe of a run's task (``hyla.tasks.base.Task.latent_probe``)."""
     return task_entry(read_run(run_dir).config["data"]["task"]).task.latent_probe
 
 
@@ -36,7 +36,7 @@ def require_rule_codes(run_dir: str | Path, what: str) -> None:
 
 
 def probe_markdown(result: dict) -> list[str]:
-    """Markdown lines for a :func:`~hyla.analysis.probes.rule_probe` or ``term_probe`` result."""
+    """Markdown lines for a ``rule_probe`` or ``term_probe`` result."""
     if "chance" in result:
         lines = [
             f"Rule probe: fit on {result['num_train']} answer slots of training tasks, scored on "
@@ -102,7 +102,7 @@ def analyze_run(
 ) -> dict[str, object]:
     """Probe (+ topographic similarity and figures for SRAVEN) of one run, reading its weights and codes once.
 
-    SRAVEN figures (Fig. 5B/5E), with ``figures_dir``: :func:`~hyla.analysis.plots.sraven_latent_figures` of
+    SRAVEN figures (Fig. 5B/5E), with ``figures_dir``: ``sraven_latent_figures`` of
     the training tasks' codes (``{prefix}test_*.png``) and of the held-out tasks' (``{prefix}ood_*.png``);
     ``result["figures"][split][kind]`` is the file name of picture ``kind`` of ``split``."""
     from hyla.analysis.plots import sraven_latent_figures
@@ -128,7 +128,7 @@ SPLIT_TITLES = {"test": "training tasks (ID)", "ood": "held-out tasks (OOD)"}
 
 
 def figure_lines(results: list[dict[str, Any]], names: list[str], link_prefix: str = "") -> list[str]:
-    """Markdown of :func:`latent_section`'s figures ``names``: the SRAVEN code figures of its ``results`` in a
+    """Markdown of ``latent_section``'s figures ``names``: the SRAVEN code figures of its ``results`` in a
     table, one column per run that drew them (HYLA beside softmax) and one row per split and picture, then
     the other figures; links are ``link_prefix + name``."""
     drawn = [res for res in results if res.get("figures")]
@@ -163,7 +163,7 @@ def _probe_by_layer(
     figure: Path,
 ) -> list[str]:
     """The per-layer table of a probe score (``metric`` = key in each layer's result, scale, decimals) and its
-    figure (:func:`~hyla.analysis.plots.probe_by_layer_plot`; ``baseline`` = no-information level, its
+    figure (``probe_by_layer_plot``; ``baseline`` = no-information level, its
     label, the y label); rule probes also list their chance level per run."""
     from hyla.analysis.plots import probe_by_layer_plot
 

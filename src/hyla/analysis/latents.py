@@ -13,7 +13,7 @@ code at "the final query token of a feature and the keys of that feature's panel
 Fuzzy logic (one token per example (x_t, y_t), the last one's y zeroed): the query is the last token
 (whose y is predicted), the keys are the N-1 context examples.
 
-Arrays (as returned by :func:`collect_latents` and stored by ``hyla analyze latents`` in a ``.npz``):
+Arrays (as returned by ``collect_latents`` and stored by ``hyla analyze latents`` in a ``.npz``):
 
 =============  ============================  ==================================================
 task           key                           content
@@ -54,7 +54,7 @@ def collect_latents(
 ) -> dict[str, np.ndarray]:
     """The documented arrays (see module docstring) for ``num`` problems of ``split``.
 
-    ``run``: a run directory (its trained model is read, :func:`~hyla.train.rundir.load_trained`) or a
+    ``run``: a run directory (its trained model is read, ``load_trained``) or a
     model already read from one, so that several splits see the same weights. Problems come from
     ``torch.Generator().manual_seed(seed)`` in batches of ``batch_size`` (so the same arguments give the
     same problems); the model runs on the CPU."""

@@ -71,7 +71,7 @@ def paper_reference(config: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def paper_row(config: dict[str, Any]) -> str | None:
-    """Where :func:`paper_reference` comes from, e.g. ``"Table A1: HYLA"``."""
+    """Where ``paper_reference`` comes from, e.g. ``"Table A1: HYLA"``."""
     from hyla.attention.config import PRESET_TITLES
 
     found, preset = _table(config), _preset(config["model"])

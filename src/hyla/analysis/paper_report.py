@@ -102,7 +102,7 @@ def matched_updates(found: SweepResults, cells: Callable[[str, tuple], list[str]
 
 def plateau_exits(found: SweepResults, cells: Callable[[str, tuple], list[str]], level: float) -> list[str]:
     """Per grid point with records, which runs have reached ``level`` on ``ood`` (the task's
-    :attr:`PaperColumn.past_plateau`) and at which evaluation first; the others' updates and OOD so far."""
+    ``PaperColumn.past_plateau``) and at which evaluation first; the others' updates and OOD so far."""
     column = paper_column(found.task)
     metric, title = column.metric, column.title.removesuffix(" (%)")
     by_point = {
@@ -149,7 +149,7 @@ def _updates_reached(run: RunRecord) -> int:
 
 
 def point_cells(sweep: Sweep) -> Callable[[str, tuple], list[str]]:
-    """The cells of a grid point of a row, one per axis of the sweep (:meth:`Sweep.axis_keys`)."""
+    """The cells of a grid point of a row, one per axis of the sweep (``Sweep.axis_keys``)."""
     grid_keys = sweep.axis_keys()
     fixed = {row: sweep.row_values(row) for row in sweep.rows}
 
@@ -288,7 +288,7 @@ def readme_table(root: Path) -> str:
 
 
 def replace_readme_table(text: str, table: str) -> str:
-    """``text`` with the part between :data:`README_BEGIN` and :data:`README_END` replaced by ``table``."""
+    """``text`` with the part between ``README_BEGIN`` and ``README_END`` replaced by ``table``."""
     if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
         raise ValueError(f"the README needs one line {README_BEGIN!r} and one {README_END!r} to put the table in")
     head, rest = text.split(README_BEGIN)

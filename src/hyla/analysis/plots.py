@@ -187,7 +187,7 @@ def sraven_latent_figures(
     methods: tuple[str, ...] = ("pca", "tsne"),
     max_points: int = 2000,
 ) -> dict[str, Path]:
-    """The latent-code pictures of one SRAVEN run from :func:`~hyla.analysis.latents.collect_latents` arrays,
+    """The latent-code pictures of one SRAVEN run from ``collect_latents`` arrays,
     by kind (``latents_pca``, ``latents_tsne``, ``mean_code_per_rule``).
 
     ``{prefix}latents_{method}.png``: one panel per layer, every answer slot's code at that layer (both

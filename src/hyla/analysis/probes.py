@@ -102,12 +102,12 @@ def term_probe(
     """Ridge R^2 of the term literals (+-1) from features of the code; fit on half, scored on the rest.
 
     ``codes`` is either the extracted ``(N, layers, keys, heads)`` array (pooled over keys, see
-    :func:`key_pooled`; then also scored per layer under ``layers``) or any ``(N, features)`` matrix.
+    ``key_pooled``; then also scored per layer under ``layers``) or any ``(N, features)`` matrix.
     R^2 is sklearn's, averaged uniformly over the K*L literals. The ridge strength is chosen by
     cross-validation on the fitting half. Control: the same fit with the sequences' labels shuffled.
     With ``ood_codes`` and ``ood_terms_MxKxL`` (sequences of held-out term combinations, same layout) the
     same fits are also scored there (``ood_r2``, ``shuffled_label_ood_r2``): whether the code of a new
-    combination still names its terms, the fuzzy-logic counterpart of :func:`rule_probe`."""
+    combination still names its terms, the fuzzy-logic counterpart of ``rule_probe``."""
     n = len(codes)
     if n < 8 or len(terms_NxKxL) != n:
         raise ValueError(

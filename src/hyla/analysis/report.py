@@ -3,9 +3,9 @@
 Runs with the same configuration except ``seed``, ``name`` and ``train.data_seed`` form a group; the
 table gives mean +- standard error (s.e. = std / sqrt(n), ddof 1; 0 for a single run) of the final
 evaluation on every split, with the paper's Table A1 number beside it when the configuration is a
-Table A1 setting (:mod:`hyla.analysis.paper_numbers`). Figures: learning curves (one panel per evaluated
+Table A1 setting (``hyla.analysis.paper_numbers``). Figures: learning curves (one panel per evaluated
 split, one line per run); for each of ``SWEEP_KEYS`` in which the groups differ, OOD (mean +- s.e.)
-against that key per attention variant, one factor at a time (:func:`sweep_series`); with
+against that key per attention variant, one factor at a time (``sweep_series``); with
 ``--latents N`` (default 512) the latent-code section: rule/term probe, topographic similarity (and
 its correlation with OOD accuracy across runs, with a scatter plot), and for the first run of each
 configuration the PCA / t-SNE embeddings per layer and the mean code per rule (SRAVEN).

@@ -1,7 +1,7 @@
 """Which rules a trained SRAVEN model gets right: answer-slot accuracy by the rule of the slot's feature.
 
 A SRAVEN problem's answer panel has F slots; slot i holds canonical feature ``perm[n, G-1, i]``, whose rule
-is :meth:`hyla.tasks.sraven.SRaven.answer_slot_rules`. A problem counts as solved (the task's ``acc``) when
+is ``hyla.tasks.sraven.SRaven.answer_slot_rules``. A problem counts as solved (the task's ``acc``) when
 all F slots are right; here each slot is also counted under its rule, so a model that solves, say, the
 progressions and not distribute_three shows it. ``hyla analyze rules RUN_DIR [RUN_DIR ...]`` tabulates it.
 """
@@ -31,9 +31,9 @@ def rule_accuracy(
     Returns ``acc`` (problems with every slot right), ``slot_acc`` (slots right), ``rule_slot_acc`` and
     ``rule_slots`` (per rule name: the accuracy of the slots of that rule, their count; a rule no slot had
     is left out), ``kept_slot_acc`` / ``kept_slots`` and ``moved_slot_acc`` / ``moved_slots`` (the slots whose
-    feature sits in the same slot in every column, :func:`feature_keeps_its_slot`, and the others; None
+    feature sits in the same slot in every column, ``feature_keeps_its_slot``, and the others; None
     without any), ``misses`` (slots wrong), ``swap_miss_fraction`` (of those, the ones that give another slot's
-    answer, :func:`answers_of_other_slots`) and ``swap_miss_fraction_by_chance`` (what a uniformly drawn wrong value
+    answer, ``answers_of_other_slots``) and ``swap_miss_fraction_by_chance`` (what a uniformly drawn wrong value
     would give), the same per rule name (``rule_swap_miss_fraction[_by_chance]``, rules with a miss), and ``run``,
     ``split``, ``num``, ``weights``."""
     if num < 1:

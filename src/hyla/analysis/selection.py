@@ -1,6 +1,6 @@
 """A sweep's records read once, and each row's grid point chosen by its in-distribution validation metric.
 
-What ``hyla report --paper`` tabulates (:mod:`hyla.analysis.paper_report`), without the report's figures and
+What ``hyla report --paper`` tabulates (``hyla.analysis.paper_report``), without the report's figures and
 latent-code analysis, so that a script choosing which point to train next can import this module alone.
 """
 

@@ -24,7 +24,7 @@ Nonlinearity = Literal["relu", "silu", "gelu", "sigmoid", "tanh", "identity"]
 NORMALIZATIONS: tuple[str, ...] = ("softmax", "none", "rms_head")
 VALUE_NETWORKS: tuple[str, ...] = ("linear", "hyper", "hyper_deep")
 NONLINEARITIES: tuple[str, ...] = ("relu", "silu", "gelu", "sigmoid", "tanh", "identity")
-#: how ``Attention`` computes a hyper value network (see :mod:`hyla.attention.dispatch`)
+#: how ``Attention`` computes a hyper value network (see ``hyla.attention.dispatch``)
 BACKENDS: tuple[str, ...] = ("auto", "direct", "manual_backward", "fused_cpu", "fused", "chunked")
 #: former backend names, still accepted (saved run configs and command lines use them): old -> new
 BACKEND_ALIASES: dict[str, str] = {"reference": "direct", "explicit": "manual_backward"}
@@ -57,7 +57,7 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 
 
 def canonical_backend(backend: str) -> str:
-    """``backend`` as one of :data:`BACKENDS`: a former name (:data:`BACKEND_ALIASES`) is mapped to the one
+    """``backend`` as one of ``BACKENDS``: a former name (``BACKEND_ALIASES``) is mapped to the one
     that replaced it, with a ``DeprecationWarning``; anything else raises ``ValueError`` naming the choices."""
     if backend in BACKEND_ALIASES:
         new = BACKEND_ALIASES[backend]

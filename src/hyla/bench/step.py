@@ -40,7 +40,7 @@ def paper_tasks() -> tuple[str, ...]:
 
 
 def paper_model(task: str) -> dict[str, int]:
-    """The model sizes of the task's paper config (:attr:`hyla.tasks.base.Task.paper_config`)."""
+    """The model sizes of the task's paper config (``hyla.tasks.base.Task.paper_config``)."""
     from hyla.train.config import read_config_values
 
     model = read_config_values(str(task_entry(task).task.paper_config))["model"]

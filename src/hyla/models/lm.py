@@ -1,6 +1,6 @@
 """Causal language models from the task transformer: presets and sampling with a key/value cache.
 
-A language model is a :class:`~hyla.models.Transformer` with token inputs, tied input/output
+A language model is a ``Transformer`` with token inputs, tied input/output
 embeddings, RoPE, RMSNorm, SwiGLU and causal attention (any preset). Presets (model widths; the data
 and training sides live in ``hyla/configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``lm-small``, and
 ``lm-paper`` (the paper's C4 model: 6 layers, emb 512, 8 heads, mlp 2048; we read the paper's

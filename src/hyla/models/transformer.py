@@ -31,7 +31,7 @@ DEFAULT_RELATIVE_SPAN = 64
 
 @dataclass
 class TransformerConfig:
-    """Architecture; widths are for ``width_multiplier=1`` (multiplied by it in :meth:`resolved`).
+    """Architecture; widths are for ``width_multiplier=1`` (multiplied by it in ``resolved``).
 
     ``qk_dim`` and ``v_dim`` are totals split over heads (the paper's convention). ``single_head``
     keeps those totals in one head of full width (the paper's single-head comparison, Fig. 5C).
@@ -136,7 +136,7 @@ def make_norm(kind: str, dim: int, eps: float = 1e-5) -> nn.Module:
 
 class MLP(nn.Module):
     """GELU MLP or SwiGLU (``swiglu``: ``W2 (silu(W_g x) * W_1 x)``, no biases). A tanh GELU on the CPU is the
-    C kernel's (:func:`hyla.attention.kernels.c.gelu.gelu`)."""
+    C kernel's (``hyla.attention.kernels.c.gelu.gelu``)."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "gelu", gelu_approximate: str = "none"):
         super().__init__()
@@ -301,7 +301,7 @@ class Transformer(nn.Module):
         return torch.stack(terms).sum() if terms else torch.zeros((), device=self.readout.weight.device)
 
     def pop_aux_loss(self) -> Tensor:
-        """:attr:`aux_loss`, the MoE layers then cleared of their terms. A stacked forward reads each run's
+        """``aux_loss``, the MoE layers then cleared of their terms. A stacked forward reads each run's
         term right after that run's call (under ``vmap`` it is batched); the template it calls must not keep
         it (a term in an autograd graph cannot be deep-copied into a lone run's model)."""
         aux = self.aux_loss

@@ -1,22 +1,22 @@
 """``hyla sweep FILE``: a grid of runs you can stop and continue anywhere, recorded in the repository.
 
 A sweep file (``hyla/configs/sweeps/*.yaml``, one per paper experiment; format in
-:mod:`hyla.train.sweepfile`) names rows x grid x seeds over a base config. Run
+``hyla.train.sweepfile``) names rows x grid x seeds over a base config. Run
 ``ROW-lr0.001-weight_decay0.1-seed0`` trains into ``ROOT/<sweep name>/<run>/`` (ROOT: ``results/sweeps``):
-``config.yaml`` and the metrics (:mod:`hyla.train.rundir`) are the record (committed); ``made_by.jsonl``
+``config.yaml`` and the metrics (``hyla.train.rundir``) are the record (committed); ``made_by.jsonl``
 says which commit, machine and device trained which steps and for how long; checkpoints and ``tb/`` stay local
 (``.gitignore``). Order: the ``first`` rows, then by grid point, seed and row. A finished run (its
 last evaluation written) is never rerun; a stopped one resumes from its checkpoint. Runs that the
 stacked trainer can stack (same everything but seed, split and optimizer hyperparameters) and that start
-together (all new, or stopped at the same step) train as one stack (:mod:`hyla.train.plan`, the planner
+together (all new, or stopped at the same step) train as one stack (``hyla.train.plan``, the planner
 ``hyla train --seeds`` uses too). ``--max-minutes`` stops with checkpoints before the budget ends.
 ``--jobs K`` trains K runs (or stacks) at a time in K worker processes that share the cores (each
 ``cores // K`` threads), each taking the next run in the order above; a worker's progress goes to
 ``<run>/train.log``. One ``hyla sweep`` at a time per record directory: two commands would train the same
 pending runs.
 
-Modules: :mod:`~hyla.sweep.groups` (a sweep's runs as groups; one group trained as one recorded piece),
-:mod:`~hyla.sweep.workers` (groups in turn or over worker processes; signals and the deadline),
-:mod:`~hyla.sweep.estimate` (``--dry-run``: the cost), :mod:`~hyla.sweep.launch` (submitit / SLURM),
-:mod:`~hyla.sweep.cli` (the command line).
+Modules: ``groups`` (a sweep's runs as groups; one group trained as one recorded piece),
+``workers`` (groups in turn or over worker processes; signals and the deadline),
+``estimate`` (``--dry-run``: the cost), ``launch`` (submitit / SLURM),
+``cli`` (the command line).
 """

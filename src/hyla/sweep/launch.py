@@ -60,7 +60,7 @@ def submit(groups: list[Group], sweep: Sweep, root: Path, launcher: str, device:
 
 class GroupJob:
     """A submitit job: train one group of a sweep's runs (a stack or a lone run), resuming what is stopped.
-    submitit calls :meth:`checkpoint` when the job is preempted or times out: the job is requeued as it
+    submitit calls ``checkpoint`` when the job is preempted or times out: the job is requeued as it
     is, and the runs continue from their newest checkpoint (``train.checkpoint_every``)."""
 
     def __init__(self, sweep_path: str, root: str, device: str, extra: list[str]) -> None:

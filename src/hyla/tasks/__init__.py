@@ -1,6 +1,6 @@
 """Task generators: SRAVEN and fuzzy-logic regression (and text for language modeling), and their registry.
 
-A task is its module (the :class:`~hyla.tasks.base.Task` with its options dataclass, ``Task.options``,
+A task is its module (the ``Task`` with its options dataclass, ``Task.options``,
 holding its ``data.*`` config keys) plus one line in the registration below; the experiment config's
 ``data`` section is assembled from the registered options (``hyla.train.config.data_config_class``).
 """
@@ -30,7 +30,7 @@ class TaskEntry:
         return self.task.from_options(options, split_seed, run_dir)
 
 
-#: ``data.task`` -> its task class (and options); :func:`register_task` adds to it
+#: ``data.task`` -> its task class (and options); ``register_task`` adds to it
 REGISTRY: dict[str, TaskEntry] = {}
 
 
@@ -49,7 +49,7 @@ register_task(TextTask)
 
 
 def standalone_tasks() -> tuple[str, ...]:
-    """The tasks :func:`make_task` builds by name (text needs a corpus: ``data.task=text``)."""
+    """The tasks ``make_task`` builds by name (text needs a corpus: ``data.task=text``)."""
     return tuple(name for name, entry in REGISTRY.items() if entry.task.standalone)
 
 

@@ -81,7 +81,7 @@ class Task(ABC):
     paper_column: ClassVar[PaperColumn | None] = None
     #: the config in ``hyla/configs/`` with the paper's model for this task (``hyla bench step``)
     paper_config: ClassVar[str | None] = None
-    #: criteria of :meth:`ambiguous_fraction` (``hyla bench data --ambiguity``; empty: none)
+    #: criteria of ``ambiguous_fraction`` (``hyla bench data --ambiguity``; empty: none)
     ambiguity_criteria: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -91,7 +91,7 @@ class Task(ABC):
 
     @classmethod
     def from_export_options(cls, values: dict[str, Any], split_seed: int) -> Task:
-        """The task of ``hyla data`` flags (``values``: every field of :meth:`export_options`)."""
+        """The task of ``hyla data`` flags (``values``: every field of ``export_options``)."""
         return cls(**values, split_seed=split_seed)
 
     @classmethod
@@ -129,7 +129,7 @@ class Task(ABC):
         """Per-problem metrics, each a ``(B,)`` tensor, including ``"loss"`` and ``primary_metric``."""
 
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
-        """A split's (or a log interval's) metrics from the means of :meth:`metrics` over its problems."""
+        """A split's (or a log interval's) metrics from the means of ``metrics`` over its problems."""
         return means
 
     def export_chunk(self, num: int, split: str, generator: torch.Generator) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """Export task problems as ``.npz`` for other frameworks (format in the README); ``hyla data`` drives it
-(:mod:`hyla.export`, which can also build the task from a training config). Each task says what a
-problem's arrays are (:meth:`~hyla.tasks.base.Task.export_chunk`)."""
+(``hyla.export``, which can also build the task from a training config). Each task says what a
+problem's arrays are (``export_chunk``)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def save_npz(path: Path, **arrays: np.ndarray) -> None:
 
 
 def export_problems(task: Task, split: str, num: int, seed: int) -> dict[str, np.ndarray]:
-    """``num`` problems of ``split`` as the task's export arrays, plus its :meth:`~Task.constant_arrays`.
+    """``num`` problems of ``split`` as the task's export arrays, plus its ``constant_arrays``.
 
     Drawn in chunks from ``torch.Generator().manual_seed(seed)`` on the CPU: the same arguments give
     the same file."""

@@ -50,7 +50,7 @@ SPLIT_STYLES: tuple[str, ...] = ("cover", "authors")
 
 @dataclass
 class FuzzyLogicOptions:
-    """The ``data.*`` options of ``data.task=fuzzy_logic`` and the defaults of :class:`FuzzyLogic`: the
+    """The ``data.*`` options of ``data.task=fuzzy_logic`` and the defaults of ``FuzzyLogic``: the
     paper's setting (Table A1, Fig. 2C: L=4, K=2, N=32, 70% of the term combinations held out) on the
     cover split; the authors' code's universe (``split_style=authors``, 4 unseen terms) is
     ``hyla/configs/fuzzy_logic.yaml``."""

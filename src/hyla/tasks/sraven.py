@@ -100,7 +100,7 @@ def _rows_count(rule: int, v: int, g: int) -> int:
 
 @dataclass
 class SRavenOptions:
-    """The ``data.*`` options of ``data.task=sraven`` and the defaults of :class:`SRaven`."""
+    """The ``data.*`` options of ``data.task=sraven`` and the defaults of ``SRaven``."""
 
     holdout: float = field(default=0.25, metadata={"help": "fraction of rule combinations held out (ood)"})
     num_features: int = 4
@@ -150,7 +150,7 @@ class SRaven(Task):
     # 43%
     paper_column = PaperColumn(1, "acc", "OOD accuracy (%)", past_plateau=0.40)
     paper_config = "sraven"
-    #: criteria of :func:`hyla.tasks.sraven_ambiguity.is_ambiguous`, strictest first
+    #: criteria of ``hyla.tasks.sraven_ambiguity.is_ambiguous``, strictest first
     ambiguity_criteria: tuple[str, ...] = ("any_panel", "paper")
 
     def __init__(
@@ -337,7 +337,7 @@ class SRaven(Task):
     def sample_problems(self, batch_size: int, split: str, generator: torch.Generator) -> dict[str, Tensor]:
         """``grid`` (model's view), ``canonical`` (``B x G x G x F``), ``rules``, ``perm``, ``task_id``.
 
-        The same generator state gives the same problems as :meth:`sample`."""
+        The same generator state gives the same problems as ``sample``."""
         d = self._draw(batch_size, split, generator)
         return {
             "grid": self._grid(d),

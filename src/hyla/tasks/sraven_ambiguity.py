@@ -28,7 +28,7 @@ from torch import Tensor
 
 
 class SRaven(Protocol):
-    """What the checker needs of :class:`hyla.tasks.sraven.SRaven` (a protocol: sraven imports this module)."""
+    """What the checker needs of ``hyla.tasks.sraven.SRaven`` (a protocol: sraven imports this module)."""
 
     grid_size: int
     num_features: int

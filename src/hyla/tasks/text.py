@@ -248,6 +248,6 @@ class TextTask(Task):
 
     def metrics(self, outputs_BxTxO: Tensor, batch: Batch) -> dict[str, Tensor]:
         """Per sequence: ``loss`` (mean token cross-entropy, nats) and ``ppl`` = exp(loss); a split's
-        perplexity is exp of its mean loss (:meth:`summarize`), not the mean of the sequences' ``ppl``."""
+        perplexity is exp of its mean loss (``summarize``), not the mean of the sequences' ``ppl``."""
         ce = F.cross_entropy(outputs_BxTxO.transpose(1, 2), batch.targets, reduction="none").mean(1)
         return {"loss": ce, "ppl": ce.exp(), "bits_per_token": ce / math.log(2)}

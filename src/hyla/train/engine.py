@@ -1,11 +1,11 @@
-"""What the training shell (:mod:`hyla.train.loop`) drives: an engine that trains R runs at once.
+"""What the training shell (``hyla.train.loop``) drives: an engine that trains R runs at once.
 
-:class:`Engine` is written once for both engines: the setup (device and processes, validation, the runs'
+``Engine`` is written once for both engines: the setup (device and processes, validation, the runs'
 tasks, each with its own held-out split, and model sizes, the compile and ``train.graph_step`` checks, the
 data generators and their seeds), the micro-batch loop of a step (gradient accumulation and the step sums),
-the step as one CUDA graph (:class:`EngineGraph`) and a run's checkpoint in the lone format. Its two
-subclasses give only what differs: :mod:`hyla.train.lone` (one run: DDP, ``torch.compile``,
-``torch.optim.AdamW``) and :mod:`hyla.train.stacked` (R runs whose parameters are rows of one ``R x N``
+the step as one CUDA graph (``EngineGraph``) and a run's checkpoint in the lone format. Its two
+subclasses give only what differs: ``hyla.train.lone`` (one run: DDP, ``torch.compile``,
+``torch.optim.AdamW``) and ``hyla.train.stacked`` (R runs whose parameters are rows of one ``R x N``
 tensor, one forward for all, the stacked AdamW). The shell owns everything else, also written once: the
 loop, evaluation, metric flushing, logging, the non-finite check, checkpoints and signals.
 
@@ -15,7 +15,7 @@ update ``step + 1`` with the schedule's learning rate ``lr_at(step)``; its metri
 ``step + 1``, and a non-finite loss in it is flagged as step ``step + 1``. A captured step's
 ``step_count`` is this ``step`` as a device tensor.
 
-An engine's step adds each run's step metrics to :class:`StepSums` on the device, so a step issues
+An engine's step adds each run's step metrics to ``StepSums`` on the device, so a step issues
 no host synchronization; the shell reads them back only when it logs.
 """
 
@@ -106,7 +106,7 @@ class StepSums:
     """Per run, the sums of each (micro-)step's mean ``keys`` (loss and primary metric) since the last
     log, and the first update whose loss was not finite (-1: none yet), as device tensors.
 
-    A step captured as a CUDA graph adds into fixed buffers (:meth:`fix_buffers`); they are then
+    A step captured as a CUDA graph adds into fixed buffers (``fix_buffers``); they are then
     zeroed, not dropped, when taken.
     """
 
@@ -178,7 +178,7 @@ class StepSums:
 
 class Engine(ABC):
     """Trains the runs of ``cfgs`` on ``device`` (see the module docstring); ``run_dir`` is where a text
-    task finds its saved tokenizer. A subclass builds its models in :meth:`_build` and gives one
+    task finds its saved tokenizer. A subclass builds its models in ``_build`` and gives one
     micro-batch's forward, loss and backward, the optimizer update, the evaluation forward and a run's
     lone model and optimizer; everything else is here."""
 
@@ -264,7 +264,7 @@ class Engine(ABC):
         """Run ``r`` after ``step`` updates as a lone run's model and ``torch.optim.AdamW``."""
 
     def _store_run(self, r: int, model: nn.Module, optimizer: torch.optim.AdamW) -> None:
-        """Put the :meth:`_lone_run` of run ``r``, loaded from a checkpoint, back into the engine (a lone
+        """Put the ``_lone_run`` of run ``r``, loaded from a checkpoint, back into the engine (a lone
         run's are the engine's own)."""
         return None
 
@@ -290,7 +290,7 @@ class Engine(ABC):
 
     # ----------------------------------------------------------------- the step
     def train_step(self, step: int) -> None:
-        """Update ``step + 1`` of every run (sampling, forward, backward, optimizer, :attr:`sums`); no host
+        """Update ``step + 1`` of every run (sampling, forward, backward, optimizer, ``sums``); no host
         synchronization."""
         if self.graph is not None:
             self.graph.replay(step)
@@ -367,7 +367,7 @@ class Engine(ABC):
 class EngineGraph(StepGraph):
     """``train.graph_step``: an engine's whole step (sampling, forward, backward, the optimizer, the step
     sums and the non-finite flags) captured once as one CUDA graph and replayed every step. Subclasses
-    write what a step reads from the host into fixed buffers (:meth:`_load_step`) and snapshot the state
+    write what a step reads from the host into fixed buffers (``_load_step``) and snapshot the state
     their optimizer updates; the generators, the step sums and the default RNGs are handled here."""
 
     def __init__(self, engine: Engine) -> None:

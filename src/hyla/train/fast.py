@@ -65,7 +65,7 @@ def shared_inductor_cache() -> str:
 
 
 def keep_compiled_code_apart() -> str:
-    """Point Inductor's cache at a folder of this process's CPU dispatch (:func:`cpu_dispatch_tag`) unless the
+    """Point Inductor's cache at a folder of this process's CPU dispatch (``cpu_dispatch_tag``) unless the
     user chose one; returns the folder in use. Call before the first ``torch.compile`` of a process.
 
     Code compiled under one ATen CPU capability and loaded from the shared cache under another can crash
@@ -103,7 +103,7 @@ class StepGraph:
     kernels' self-tests, compilation), then the state the warm-up changed is put back (``_snapshot`` /
     ``_restore``), then one step is captured with the data generators registered, so that each replay
     draws fresh problems. The replayed steps are then the plain path's steps. ``step_count`` is the
-    ``step`` of :mod:`hyla.train.engine`'s convention (the updates made before the one a replay makes), a
+    ``step`` of ``hyla.train.engine``'s convention (the updates made before the one a replay makes), a
     device tensor the captured step advances.
     """
 

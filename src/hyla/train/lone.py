@@ -1,8 +1,8 @@
 """The lone engine: one run (one model, ``torch.optim.AdamW``), optionally over DDP processes.
 
 It owns what only a lone run has: DDP (``torchrun``), ``torch.compile`` of the model module,
-``torch.optim.AdamW`` and its ``train.graph_step`` (:class:`WholeStepGraph`). The setup, the micro-batch loop and
-the checkpoint format are :class:`~hyla.train.engine.Engine`'s; the shell (:mod:`hyla.train.loop`)
+``torch.optim.AdamW`` and its ``train.graph_step`` (``WholeStepGraph``). The setup, the micro-batch loop and
+the checkpoint format are ``Engine``'s; the shell (``hyla.train.loop``)
 drives it as an engine of one run.
 """
 

@@ -11,7 +11,7 @@ from torch.optim.adamw import adamw as functional_adamw
 from hyla.train.config import WEIGHT_DECAY_MASKS, ExperimentConfig
 
 _QKV_BIASES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
-#: where :func:`build_optimizer`'s AdamW is torch's fused kernel (torch >= 2.4 has it for both)
+#: where ``build_optimizer``'s AdamW is torch's fused kernel (torch >= 2.4 has it for both)
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
 
 
@@ -40,7 +40,7 @@ def decayed_parameter_names(model: nn.Module, mask: str = "ndim") -> set[str]:
 def build_optimizer(
     model: nn.Module, cfg: ExperimentConfig, device: torch.device, *, capturable: bool = False
 ) -> torch.optim.AdamW:
-    """AdamW (decay per :func:`decayed_parameter_names`), fused on CUDA and CPU; ``capturable`` (CUDA) for a
+    """AdamW (decay per ``decayed_parameter_names``), fused on CUDA and CPU; ``capturable`` (CUDA) for a
     step captured as a CUDA graph.
 
     Fused on the CPU too: one kernel over every parameter instead of about ten small ops per tensor (the
@@ -64,7 +64,7 @@ STEP_MODE_OPTIONS = ("capturable", "fused", "foreach", "differentiable")
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """``saved`` (an optimizer's ``state_dict()``) into ``optimizer``, which keeps its step mode
-    (:data:`STEP_MODE_OPTIONS`). torch's ``load_state_dict`` takes every group option from the checkpoint, so a
+    (``STEP_MODE_OPTIONS``). torch's ``load_state_dict`` takes every group option from the checkpoint, so a
     checkpoint saved on a CPU would turn a CUDA run's fused, capturable AdamW (``train.graph_step``) into a
     plain one, and the step's graph capture would fail; here the step counts also move to the device when the
     mode asks for it."""
@@ -89,7 +89,7 @@ def lr_at(step: int, cfg: ExperimentConfig) -> float:
 
 # ------------------------------------------------------------------------------ R runs at once
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults, which build_optimizer uses
-#: :meth:`StackedAdamW.update`'s call of the fused kernel: a lone run's AdamW (torch's defaults)
+#: ``StackedAdamW.update``'s call of the fused kernel: a lone run's AdamW (torch's defaults)
 _FUSED_ADAMW = {"fused": True, "amsgrad": False, "beta1": BETA1, "beta2": BETA2, "eps": EPS, "maximize": False}
 SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and copied to the device
 
@@ -98,8 +98,8 @@ class StackedAdamW:
     """``torch.optim.AdamW``'s update of R runs' parameters, the rows of ``flat_RxN`` with the decayed ones in
     its first ``num_decayed`` columns.
 
-    :meth:`update` on the CPU: run by run, with the fused kernel a lone run's AdamW uses there
-    (:func:`build_optimizer`), so that each run's arithmetic is its lone run's. On CUDA, :meth:`step`: the
+    ``update`` on the CPU: run by run, with the fused kernel a lone run's AdamW uses there
+    (``build_optimizer``), so that each run's arithmetic is its lone run's. On CUDA, ``step``: the
     single-tensor arithmetic for all runs at once in ~8 elementwise kernels, with per-run learning rates and
     weight decays as ``R x 1`` columns of a schedule table on the device (no host-to-device copy and no host
     synchronization per step, so a CUDA graph captures it).
@@ -119,7 +119,7 @@ class StackedAdamW:
         Computed in float64 on the host as ``torch.optim.AdamW`` does, rounded to float32 as its
         kernels do, ``SCHEDULE_CHUNK`` steps at a time into one device table; a step reads a row.
         ``step`` as a device tensor (a captured step) reads the row on the device; the host then loads
-        the chunk before each replay (:meth:`load_schedule`).
+        the chunk before each replay (``load_schedule``).
         """
         if isinstance(step, Tensor):
             return self.schedule_SxRx3.index_select(0, step.remainder(SCHEDULE_CHUNK).view(1))[0]
@@ -194,7 +194,7 @@ class StackedAdamW:
 
     @torch.no_grad()
     def load_adamw(self, r: int, opt: torch.optim.AdamW, model: nn.Module, columns: dict[str, slice]) -> None:
-        """The inverse of :meth:`to_adamw`: ``opt``'s moments into run ``r``."""
+        """The inverse of ``to_adamw``: ``opt``'s moments into run ``r``."""
         names = {id(p): n for n, p in model.named_parameters()}
         for p, st in opt.state.items():
             cols = columns[names[id(p)]]

@@ -1,10 +1,10 @@
 """Which runs train together and with which engine: the one planner of ``hyla train`` and ``hyla sweep``.
 
-Runs form one stack when the stacked engine can stack them (:func:`hyla.train.stacked.stack_key`: same
+Runs form one stack when the stacked engine can stack them (``hyla.train.stacked.stack_key``: same
 config but seed, held-out split, data seed and optimizer hyperparameters) and they start together: all new,
 or all resuming from checkpoints of the same step (a stack stopped together continues together; runs stopped
 at different steps resume one by one). A group of one run trains with the lone engine, the reference; a
-group of two or more with the stacked one (:func:`engine_for`). :func:`describe_plan` says how they train.
+group of two or more with the stacked one (``engine_for``). ``describe_plan`` says how they train.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hyla.train.config import ExperimentConfig
 
 
 def engine_for(cfgs: list[ExperimentConfig]) -> str:
-    """The engine of one group of :func:`plan_groups`: ``lone`` for one run, else ``stacked``. A stack of
+    """The engine of one group of ``plan_groups``: ``lone`` for one run, else ``stacked``. A stack of
     one equals its lone run bit for bit with the loop forward, so the lone engine (DDP, its own CUDA
     graph) is the one to use."""
     return "lone" if len(cfgs) == 1 else "stacked"
@@ -48,7 +48,7 @@ SWEEP_MAX_STACK = 1
 
 
 def describe_plan(groups: list[list[ExperimentConfig]], cap: int | None = None) -> str:
-    """The planner's line on groups of :func:`plan_groups` (stacks of at most ``cap`` runs): how many, and why
+    """The planner's line on groups of ``plan_groups`` (stacks of at most ``cap`` runs): how many, and why
     the runs are not one stack."""
     from hyla.train.stacked import not_stackable_reason, stack_differences
 

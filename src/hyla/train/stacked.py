@@ -1,16 +1,16 @@
 """The stacked engine: R independent runs in one process, stacked along a leading run dimension.
 
 ``hyla train CONFIG --seeds 0,1,2 --out DIR`` (runs ``DIR/seed0`` ...), ``--sweep`` and ``hyla sweep``
-train here. Runs may differ in :data:`STACKABLE_KEYS` (seed, data seed, held-out split and the
+train here. Runs may differ in ``STACKABLE_KEYS`` (seed, data seed, held-out split and the
 optimizer's hyperparameters); runs that differ in anything else are split into groups trained one after
-another (:func:`hyla.train.plan.plan_groups`, by :func:`stack_key`). Each run ``r`` of a stack
+another (``hyla.train.plan.plan_groups``, by ``stack_key``). Each run ``r`` of a stack
 
 * is initialized exactly as the lone run with its seed (the R models are built one by one);
 * has its own task, with the held-out split of its ``split_seed`` (the paper configs': its seed), and
   draws its training problems inside the step from its own generator, seeded as the lone run's, and its
   evaluation problems from its own split as the lone run does, so it sees the same data;
 * adds its own MoE load-balancing term (``train.moe_aux_weight``) to the loss, as its lone run does;
-* is updated by :class:`~hyla.train.optim.StackedAdamW` with its own learning-rate schedule and
+* is updated by ``StackedAdamW`` with its own learning-rate schedule and
   weight decay, with the arithmetic of ``torch.optim.AdamW`` (decay on the lone run's decayed
   parameters only; on the CPU its fused kernel run by run, so a loop stack's numbers are its lone runs');
 * writes an ordinary run directory (the shell writes it; checkpoints hold ``torch.optim.AdamW``'s
@@ -21,8 +21,8 @@ The R runs' parameters are views into one ``R x N`` tensor. On CUDA the forward 
 GPU step launches the kernels of one run, each R times wider. On a CPU, where a step is compute-bound
 and vmap's batched forms (``bmm`` for the per-run linear layers) are slower than the lone ones, the
 runs are called one after another with the lone model's kernels (``train.stack_forward=loop``).
-``train.fast`` compiles the forward as for a lone run (:mod:`hyla.train.fast`); ``train.graph_step``
-(CUDA) captures the whole stacked step as one CUDA graph (:class:`StackedStepGraph`).
+``train.fast`` compiles the forward as for a lone run (``hyla.train.fast``); ``train.graph_step``
+(CUDA) captures the whole stacked step as one CUDA graph (``StackedStepGraph``).
 Attention dropout draws each run's masks from that run's own generator, which starts where the lone
 run's default generator starts and is checkpointed as its state, so a run drops the same pairs stacked
 or alone. A stacked run equals its lone run bit for bit with the loop forward, and up to floating-point
@@ -87,7 +87,7 @@ def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
 
 
 def stack_differences(cfgs: list[ExperimentConfig]) -> list[str]:
-    """The config keys outside :data:`STACKABLE_KEYS` in which ``cfgs`` differ (none: they may share a stack)."""
+    """The config keys outside ``STACKABLE_KEYS`` in which ``cfgs`` differ (none: they may share a stack)."""
     flats = [flat_config(cfg.to_dict()) for cfg in cfgs]
     return sorted(k for k in flats[0] if k not in STACKABLE_KEYS and any(f.get(k) != flats[0][k] for f in flats[1:]))
 
@@ -108,8 +108,8 @@ def check_stackable(cfgs: list[ExperimentConfig]) -> None:
 
 
 def stack_key(cfg: ExperimentConfig) -> str | None:
-    """What runs that stack together share (their config but :data:`STACKABLE_KEYS`), or None for a run
-    that cannot be stacked at all (:func:`not_stackable_reason`)."""
+    """What runs that stack together share (their config but ``STACKABLE_KEYS``), or None for a run
+    that cannot be stacked at all (``not_stackable_reason``)."""
     if not_stackable_reason(cfg):
         return None
     return config_key(flat_config(cfg.to_dict()), STACKABLE_KEYS)

@@ -1,6 +1,6 @@
 """The implementations behind ``Attention(backend=...)`` other than the direct form, one module (or package:
 kernel beside wrapper) each: ``chunked``, ``manual_backward``, ``c`` (``fused_cpu``), ``triton`` (``fused``);
-``coverage`` is the table of what each covers. Which one runs is decided in :mod:`hyla.attention.dispatch`."""
+``coverage`` is the table of what each covers. Which one runs is decided in ``hyla.attention.dispatch``."""
 
 from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention

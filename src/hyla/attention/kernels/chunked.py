@@ -34,7 +34,7 @@ def chunked_hypernetwork_attention(
     w_mid_HxDxD: Tensor | None = None,
     chunk_size: int = 256,
 ) -> Tensor:
-    """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention`, block by block.
+    """``y_BxHxQxD`` of ``hypernetwork_attention``, block by block.
 
     ``chunk_size`` queries at a time (>= 1, else ValueError).
     ``mask_Bx1xQxK`` (bool, True = may attend) and ``bias`` (broadcastable to ``BxHxQxK``) are sliced per

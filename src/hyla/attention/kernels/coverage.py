@@ -2,7 +2,7 @@
 tests read.
 
 A variant is covered by its ``normalization`` and ``value_network`` (every phi is covered by every backend);
-:func:`covered_presets` turns that into the named presets. The table also holds the simple dtype, device
+``covered_presets`` turns that into the named presets. The table also holds the simple dtype, device
 and ``torch.vmap`` limits; what depends on sizes or on the machine (the Triton kernel's head counts and
 head dims, a C compiler, Triton being installed, the interpreter) stays with each backend's own
 ``*_unsupported_reason``, which consults this table first.
@@ -38,7 +38,7 @@ class Coverage:
 
 _KERNEL_NORMALIZATIONS = ("rms_head", "none")  # RMSHead and no normalization are local to each (q, k) pair
 
-#: backend -> what it covers (``auto`` is a choice among these, see :mod:`hyla.attention.dispatch`)
+#: backend -> what it covers (``auto`` is a choice among these, see ``hyla.attention.dispatch``)
 COVERAGE: dict[str, Coverage] = {
     "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS, dropout=True),
     "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
@@ -87,5 +87,5 @@ def covers_dtype(backend: str, dtype: torch.dtype) -> bool:
 
 
 def covered_presets(backend: str) -> tuple[str, ...]:
-    """The named presets (:data:`~hyla.attention.config.PRESETS`) whose variant ``backend`` covers."""
+    """The named presets (``PRESETS``) whose variant ``backend`` covers."""
     return tuple(name for name, config in PRESETS.items() if variant_unsupported_reason(backend, config) is None)

@@ -1,5 +1,5 @@
 """The errors the kernels raise for a case they do not cover, in a module of their own: the Triton wrapper and
-the Triton kernel both raise :class:`FusedUnavailableError`, and the kernel (imported lazily, it needs
+the Triton kernel both raise ``FusedUnavailableError``, and the kernel (imported lazily, it needs
 Triton) must not import its wrapper, which imports it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HYLA with a hand-derived backward (``backend="manual_backward"``): the direct form's arithmetic in fewer
 passes over the scores.
 
-The direct form (:mod:`hyla.attention.functional`) leaves the backward to autograd, which walks the
+The direct form (``hyla.attention.functional``) leaves the backward to autograd, which walks the
 ``B x H x Q x K`` score tensor a few dozen times: scale, bias, RMSHead's square/mean/multiply, a
 permuted copy of the code for each of the two head contractions, and as many again backwards. On a
 CPU that tensor does not fit in cache and the head dims are tiny (SRAVEN: 16 heads of 4), so those
@@ -20,7 +20,7 @@ passes, not arithmetic, are most of a HYLA step. Here:
   (``B x H x Q x K`` and ``B x H x K x Q``): ``dq``, ``dk`` and the bias gradient read both, and no
   (q, k) transpose of a score-sized tensor happens in the backward.
 
-Covers (``COVERAGE["manual_backward"]`` in :mod:`hyla.attention.kernels.coverage`)
+Covers (``COVERAGE["manual_backward"]`` in ``hyla.attention.kernels.coverage``)
 ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none``, every phi, the masks and
 biases the direct form takes, any float dtype and device; ``backend="auto"`` uses it on CPU.
 First-order gradients only (double backward raises), and not inside ``torch.vmap`` (stacked runs use
@@ -42,7 +42,7 @@ from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
 
 
 def manual_backward_unsupported_reason(config: AttentionConfig, *tensors: Tensor | None) -> str | None:
-    """Why :func:`manual_backward_hypernetwork_attention` cannot run this case, or None."""
+    """Why ``manual_backward_hypernetwork_attention`` cannot run this case, or None."""
     reason = variant_unsupported_reason("manual_backward", config)
     if reason is not None:
         return reason
@@ -190,11 +190,11 @@ def manual_backward_hypernetwork_attention(
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention`, hand-derived backward.
+    """``y_BxHxQxD`` of ``hypernetwork_attention``, hand-derived backward.
 
     ``mask_Bx1xQxK`` is bool broadcastable to ``Bx1xQxK`` (True = may attend); ``bias`` broadcastable to
     ``BxHxQxK`` (its gradient is summed back to its shape). Raises ``ValueError`` for a case it does
-    not cover (:func:`manual_backward_unsupported_reason`).
+    not cover (``manual_backward_unsupported_reason``).
     """
     reason = manual_backward_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     if reason is not None:

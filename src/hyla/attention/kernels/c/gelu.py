@@ -7,9 +7,9 @@ HYLA step and 18% of the fuzzy-logic one.
 The kernel computes the same function as ``x * sigmoid(2u)``, ``u = sqrt(2/pi) (x + 0.044715 x^3)`` (equal to
 ``0.5 x (1 + tanh u)``), with the library's vector ``exp``, so it rounds otherwise than torch in the last
 bits (and more accurately where ``1 + tanh u`` cancels); ``tests/attention/test_gelu_cpu.py`` holds it to a float64
-reference. :data:`SETTING_ENV` (``HYLA_FAST_GELU``) ``off`` keeps torch's.
+reference. ``SETTING_ENV`` (``HYLA_FAST_GELU``) ``off`` keeps torch's.
 
-:func:`gelu` is what the models call: the kernel for a tanh GELU of a float32 or float64 CPU tensor where the
+``gelu`` is what the models call: the kernel for a tanh GELU of a float32 or float64 CPU tensor where the
 library loads, ``F.gelu`` otherwise. The custom ops ``hyla::gelu_tanh_cpu`` (+ ``_backward``) carry it
 through autograd, ``torch.compile`` and ``torch.vmap`` (elementwise: a stack's runs in one call).
 """
@@ -32,7 +32,7 @@ SETTINGS = ("auto", "off")
 
 
 def setting() -> str:
-    """The value of :data:`SETTING_ENV` (default ``auto``); a ValueError naming the allowed values if bad."""
+    """The value of ``SETTING_ENV`` (default ``auto``); a ValueError naming the allowed values if bad."""
     return env_setting(SETTING_ENV, SETTINGS)
 
 
@@ -110,7 +110,7 @@ if hasattr(_gelu_tanh_cpu, "register_vmap"):  # custom-op vmap rules: recent tor
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """``F.gelu(x, approximate=approximate)``; a tanh GELU of a float32/float64 CPU tensor by the C kernel
-    (:func:`gelu_path`). Any shape."""
+    (``gelu_path``). Any shape."""
     if approximate == "tanh" and x.device.type == "cpu" and x.dtype in DTYPES and _use_kernel():
         return _gelu_tanh_cpu(x)
     return F.gelu(x, approximate=approximate)

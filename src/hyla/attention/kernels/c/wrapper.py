@@ -16,13 +16,13 @@ names another target (e.g. ``x86-64-v3``). The kernel writes its vector sums its
 order, no contracted multiply-adds under ``-std=c99``), so with ``phi`` relu or identity its results do not
 depend on the target; the other phis call libm, whose results may. Without a
 working compiler it is unavailable and ``backend="auto"`` uses
-:mod:`hyla.attention.kernels.manual_backward` instead.
+``hyla.attention.kernels.manual_backward`` instead.
 
-Covers (``COVERAGE["fused_cpu"]`` in :mod:`hyla.attention.kernels.coverage`) ``value_network`` ``hyper``
+Covers (``COVERAGE["fused_cpu"]`` in ``hyla.attention.kernels.coverage``) ``value_network`` ``hyper``
 (HYLA's) and ``linear`` (standard multi-head attention's) with every ``normalization`` (softmax over a row's
 keys with an exponential of its own: float32 within 2 ulp of ``exp``), every phi, float32 and float64, any
 mask broadcastable to ``Bx1xQxK``, any bias broadcastable to ``1xHxQxK`` and attention dropout (a ``QxK``
-keep-mask shared over batch and heads, as :func:`hyla.attention.functional.drop_pairs` draws it); first-order
+keep-mask shared over batch and heads, as ``hyla.attention.functional.drop_pairs`` draws it); first-order
 gradients;
 the ops ``hyla::fused_cpu_attention`` and ``hyla::fused_cpu_attention_backward`` carry it through
 autograd, ``torch.compile`` (opaque calls; the library is built while tracing if need be) and
@@ -82,7 +82,7 @@ def source_digest() -> str:
 
 
 def build_flags() -> tuple[str, ...]:
-    """The compiler flags: :data:`BASE_FLAGS` and the ``-march`` target (:func:`target_march`)."""
+    """The compiler flags: ``BASE_FLAGS`` and the ``-march`` target (``target_march``)."""
     return ("-march=" + target_march(), *BASE_FLAGS)
 
 
@@ -155,7 +155,7 @@ def fused_cpu_unsupported_reason(
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> str | None:
-    """None when :func:`fused_cpu_hypernetwork_attention` can run this case, else why not."""
+    """None when ``fused_cpu_hypernetwork_attention`` can run this case, else why not."""
     reason = variant_unsupported_reason("fused_cpu", config)
     if reason is not None:
         return reason
@@ -396,13 +396,13 @@ def fused_cpu_hypernetwork_attention(
     dropout_keep_11xQxK: Tensor | None = None,
     dropout: float = 0.0,
 ) -> Tensor:
-    """``y_BxHxQxD`` of :func:`~hyla.attention.functional.hypernetwork_attention` by the fused CPU kernel.
+    """``y_BxHxQxD`` of ``hypernetwork_attention`` by the fused CPU kernel.
 
     ``mask_Bx1xQxK`` is bool broadcastable to ``Bx1xQxK`` (True = may attend); ``bias`` broadcastable to
     ``1xHxQxK`` (its gradient is summed back to its shape). ``dropout_keep_11xQxK`` (bool, True = kept) with
     rate ``dropout``: attention dropout on the normalized code, as
-    :func:`~hyla.attention.functional.drop_pairs` applies it. Raises :class:`CpuKernelUnavailableError`
-    naming the cause for a case it does not cover (:func:`fused_cpu_unsupported_reason`).
+    ``drop_pairs`` applies it. Raises ``CpuKernelUnavailableError``
+    naming the cause for a case it does not cover (``fused_cpu_unsupported_reason``).
     """
     reason = fused_cpu_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     if reason is not None:

@@ -1,4 +1,4 @@
-"""``backend="fused"``: the Triton kernel (:mod:`.kernel`, needs Triton) beside its wrapper (:mod:`.wrapper`,
+"""``backend="fused"``: the Triton kernel (``.kernel``, needs Triton) beside its wrapper (``.wrapper``,
 the custom op ``hyla::fused_attention``; importing it needs neither Triton nor a GPU)."""
 
 from hyla.attention.kernels.errors import FusedUnavailableError

@@ -1,5 +1,5 @@
 """Triton kernels of fused HYLA attention (forward and backward), never materializing the hidden tensor.
-Called by the custom ops of :mod:`hyla.attention.kernels.triton.wrapper`, which import this module lazily.
+Called by the custom ops of ``hyla.attention.kernels.triton.wrapper``, which import this module lazily.
 
 Shape letters: B batch, H heads, Q queries, K keys, E query/key head dim, D value head dim. One program
 holds *all heads* of a (query tile, key tile) pair, so RMSHead (the RMS across heads of each (q, k)
@@ -368,7 +368,7 @@ def _hyla_bwd_kernel(
 # ---------------------------------------------------------------------------------------------- launchers
 def _launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict, num_stages: int | None) -> None:
     """Launch ``kernel``; if it needs more shared memory than the GPU has, raise
-    :class:`~hyla.attention.kernels.errors.FusedUnavailableError` saying so (``auto`` then falls back).
+    ``FusedUnavailableError`` saying so (``auto`` then falls back).
 
     Fewer pipeline stages do not help: on an H100 the float32 forward needed the same 458,752 bytes with
     one stage as with Triton's default (the memory is the layout conversions' buffers, not the pipeline).

@@ -1,11 +1,11 @@
 """Fused HYLA attention (``backend="fused"``): the wrapper that registers the Triton kernel of
-:mod:`hyla.attention.kernels.triton.kernel` as a ``torch.library`` custom op (autograd, ``torch.compile``,
+``hyla.attention.kernels.triton.kernel`` as a ``torch.library`` custom op (autograd, ``torch.compile``,
 fake tensors).
 
-Public entry point: :func:`fused_hypernetwork_attention` (same contract as the direct form's ``y``).
+Public entry point: ``fused_hypernetwork_attention`` (same contract as the direct form's ``y``).
 The kernel module is imported lazily, at the first launch, so importing this file needs neither Triton
-nor a GPU; :func:`fused_unsupported_reason` says, without launching anything, why a case cannot run
-(the variants and dtypes it covers: ``COVERAGE["fused"]`` in :mod:`hyla.attention.kernels.coverage`).
+nor a GPU; ``fused_unsupported_reason`` says, without launching anything, why a case cannot run
+(the variants and dtypes it covers: ``COVERAGE["fused"]`` in ``hyla.attention.kernels.coverage``).
 
 Two ops are registered:
 
@@ -244,7 +244,7 @@ def fused_hypernetwork_attention(
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """``y_BxHxQxD`` of :func:`hyla.attention.functional.hypernetwork_attention`, fused (Triton).
+    """``y_BxHxQxD`` of ``hyla.attention.functional.hypernetwork_attention``, fused (Triton).
 
     Args:
         q_BxHxQxE, k_BxHxKxE, v_BxHxKxD: queries, keys, values; one dtype (float32, bfloat16, float16),
@@ -258,7 +258,7 @@ def fused_hypernetwork_attention(
 
     Raises:
         ValueError: on malformed shapes or dtypes.
-        FusedUnavailableError: when the case is outside the kernel (see :func:`fused_unsupported_reason`).
+        FusedUnavailableError: when the case is outside the kernel (see ``fused_unsupported_reason``).
     """
     _check_shapes(q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
@@ -280,7 +280,7 @@ def launch_fused(
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """:func:`fused_hypernetwork_attention` without its checks, for callers that made them already."""
+    """``fused_hypernetwork_attention`` without its checks, for callers that made them already."""
     return _fused_attention(
         q_BxHxQxE,
         k_BxHxKxE,
