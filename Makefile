@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+KERNELS_STAMP := $(VENV)/.installed-kernels
 export PYTHONHASHSEED := 0
 
 .PHONY: install demo test test-slow test-lab test-portable test-kernel lint docs dist bench clean
@@ -13,8 +14,13 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,kernels,text,sweep,docs]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,analysis,tensorboard,text,sweep,docs]"
 	touch $(STAMP)
+
+# Triton (about 1 GB) only for the kernel tests, which run it under its interpreter on a CPU
+$(KERNELS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[kernels]"
+	touch $(KERNELS_STAMP)
 
 install: $(STAMP)
 
@@ -55,7 +61,7 @@ test-portable: $(STAMP)
 	@if preload=$$($(BIN)/python -m hyla.cpu); then echo "== $$preload"; \
 		env $$preload $(BIN)/python -m pytest -q -n 2 -m "float_sensitive or compiled" tests; fi
 
-test-kernel: $(STAMP)
+test-kernel: $(KERNELS_STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m kernel tests
 
 lint: $(STAMP)

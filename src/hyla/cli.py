@@ -24,6 +24,28 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: an optional dependency -> the extra that installs it (``pip install "hyla[EXTRA]"``)
+EXTRAS: dict[str, str] = {
+    "matplotlib": "analysis",
+    "sklearn": "analysis",
+    "scipy": "analysis",
+    "tensorboard": "tensorboard",
+    "triton": "kernels",
+    "tokenizers": "text",
+    "sentencepiece": "text",
+    "datasets": "text",
+    "submitit": "sweep",
+}
+
+
+def missing_extra(err: ModuleNotFoundError) -> str | None:
+    """The one line for a command that needs an optional dependency this install lacks, else None."""
+    name = (err.name or "").split(".")[0]
+    if name not in EXTRAS:
+        return None
+    return f"this command needs {name}, which this install lacks: pip install 'hyla[{EXTRAS[name]}]'"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with ``only``'s subcommand registered by its module (every other one a line of help), or with
     none registered (``only`` None: ``hyla --help``)."""
@@ -58,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"hyla: error: {err}", file=sys.stderr)
             return 2
-    parser = build_parser(only=command)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0 if command is None else 2
-    tune_cpu_allocator()
-    return int(args.func(args) or 0)
+    try:
+        parser = build_parser(only=command)
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 0 if command is None else 2
+        tune_cpu_allocator()
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as err:
+        if (line := missing_extra(err)) is None:
+            raise
+        print(f"hyla {command}: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -44,3 +44,38 @@ def test_a_task_is_spelled_as_the_configs_spell_it_or_with_hyphens(tmp_path) -> 
         written[spelling] = dict(np.load(out))
     assert written["fuzzy_logic"].keys() == written["fuzzy-logic"].keys()
     assert all(np.array_equal(written["fuzzy_logic"][k], written["fuzzy-logic"][k]) for k in written["fuzzy_logic"])
+
+
+def test_a_command_that_needs_a_missing_extra_names_it(monkeypatch, capsys) -> None:
+    """The wheel requires torch, numpy, safetensors, PyYAML and tqdm only; the plots and probes of `hyla report`
+    come with the `analysis` extra, and their absence is one line naming it."""
+    import builtins
+
+    from hyla.cli import main
+
+    real_import = builtins.__import__
+
+    def without_matplotlib(name: str, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    for module in [m for m in sys.modules if m.split(".")[0] in ("matplotlib", "hyla") and "analysis" in m]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+    monkeypatch.setattr(builtins, "__import__", without_matplotlib)
+    assert main(["report", "some/run", "--out", "x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hyla report: error: this command needs matplotlib, which this install lacks: pip install 'hyla[analysis]'"
+    )
+
+
+def test_the_wheel_requires_the_lean_set_only() -> None:
+    from pathlib import Path
+
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    required = {d.split(">")[0].split("=")[0].strip() for d in project["dependencies"]}
+    assert required == {"torch", "numpy", "pyyaml", "safetensors", "tqdm"}
+    assert {"analysis", "tensorboard", "kernels", "text", "docs"} <= set(project["optional-dependencies"])
