@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -157,3 +158,17 @@ def write_sweep(tmp_path: Path, *, rows: dict, grid: dict, seeds: list[int], ext
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def fake_record(root: Path, spec, test: float, ood: float, steps: int = 10) -> None:
+    """A finished run's record: its resolved config and a final evaluation with these R^2 values."""
+    from hyla.train.config import dump_config, load_config
+
+    run = root / spec.name
+    run.mkdir(parents=True)
+    cfg = load_config(spec.config, [*spec.overrides, f"train.steps={steps}"])
+    (run / "config.yaml").write_text(dump_config(cfg))
+    rows = [{"step": steps, "split": s, "r2": v, "loss": 0.1} for s, v in (("test", test), ("ood", ood))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    made = {"commit": "abc1234", "machine": "m", "device": "cpu", "date": "d", "wall_s": 60.0, "stacked_with": 1}
+    (run / "made_by.jsonl").write_text(json.dumps(made) + "\n")

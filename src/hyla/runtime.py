@@ -96,3 +96,14 @@ def cache_dir(kind: str) -> Path:
     """Where hyla caches what it builds (``kind``: ``kernels``, ``blas``): ``HYLA_CACHE_DIR``, default
     ``~/.cache/hyla``, then ``kind``."""
     return Path(os.environ.get("HYLA_CACHE_DIR", Path.home() / ".cache" / "hyla")) / kind
+
+
+def tensorboard_installed(quiet: bool) -> bool:
+    """Whether TensorBoard logs can be written (an extra: the records need none of it); says so if not."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        return True
+    if not quiet:
+        print("hyla: TensorBoard is not installed, so no tb/ logs (pip install 'hyla[tensorboard]')", flush=True)
+    return False

@@ -13,20 +13,8 @@ from hyla.analysis.paper_report import agreement, paper_report
 from hyla.analysis.selection import paper_value
 from hyla.analysis.stats import first_reaching
 from hyla.cli import main
-from hyla.train.config import dump_config, load_config
 from hyla.train.sweepfile import load_sweep
-
-
-def fake_record(root: Path, spec, test: float, ood: float, steps: int = 10) -> None:
-    """A finished run's record: its resolved config and a final evaluation with these R^2 values."""
-    run = root / spec.name
-    run.mkdir(parents=True)
-    cfg = load_config(spec.config, [*spec.overrides, f"train.steps={steps}"])
-    (run / "config.yaml").write_text(dump_config(cfg))
-    rows = [{"step": steps, "split": s, "r2": v, "loss": 0.1} for s, v in (("test", test), ("ood", ood))]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    made = {"commit": "abc1234", "machine": "m", "device": "cpu", "date": "d", "wall_s": 60.0, "stacked_with": 1}
-    (run / "made_by.jsonl").write_text(json.dumps(made) + "\n")
+from tiny import fake_record
 
 
 def tiny_table_a1(tmp_path: Path, rows: dict[str, dict[str, str]]) -> Path:

@@ -73,7 +73,7 @@ def test_cross_attention_with_padding_matches_naive_loop() -> None:
     x = torch.randn(2, 3, 6, dtype=torch.float64)
     ctx = torch.randn(2, 4, 5, dtype=torch.float64)
     pad = torch.tensor([[False, False, True, False], [False, True, True, False]])
-    out = m(x, ctx, key_padding_mask=pad)
+    out = m(x, ctx, key_mask=~pad)
     assert out.shape == (2, 3, 6)
     ref, _ = naive_attention(m, x, ctx, key_padding_mask=pad)
     assert rel_err(out, ref) < 1e-10
@@ -99,7 +99,7 @@ def test_padded_keys_change_nothing(preset: str) -> None:
     pad[1, 1] = True
     x2 = x.clone()
     x2[pad] = 100 * torch.randn_like(x2[pad])
-    out1, out2 = m(x, key_padding_mask=pad), m(x2, key_padding_mask=pad)
+    out1, out2 = m(x, key_mask=~pad), m(x2, key_mask=~pad)
     keep = ~pad
     assert torch.allclose(out1[keep], out2[keep], rtol=0, atol=1e-12)
     assert not torch.allclose(out1[pad], out2[pad])  # the padded queries themselves did change
@@ -130,7 +130,7 @@ def test_softmax_rows_sum_to_one_and_fully_masked_rows_are_zero() -> None:
     x = torch.randn(2, 4, 6, dtype=torch.float64)
     pad = torch.zeros(2, 4, dtype=torch.bool)
     pad[1] = True
-    _, a = m(x, key_padding_mask=pad, return_latent=True)
+    _, a = m(x, key_mask=~pad, return_latent=True)
     assert torch.allclose(a[0].sum(-1), torch.ones(3, 4, dtype=torch.float64))
     assert torch.all(a[1] == 0) and torch.isfinite(a).all()
 
@@ -203,8 +203,8 @@ def test_bad_constructor_arguments(kwargs: dict, match: str) -> None:
 def test_bad_forward_arguments() -> None:
     m = Attention(8, 2, "hyla", kv_dim=4)
     x = torch.randn(2, 3, 8)
-    with pytest.raises(ValueError, match="key_padding_mask must be a bool tensor of shape"):
-        m(x, torch.randn(2, 5, 4), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask must be a bool tensor of shape"):
+        m(x, torch.randn(2, 5, 4), key_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"context must have shape \(batch, keys, kv_dim=4\)"):
         m(x, torch.randn(2, 5, 8))
     with pytest.raises(ValueError, match=r"x must have shape \(batch, queries, dim=8\)"):

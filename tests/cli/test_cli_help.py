@@ -79,3 +79,17 @@ def test_the_wheel_requires_the_lean_set_only() -> None:
     required = {d.split(">")[0].split("=")[0].strip() for d in project["dependencies"]}
     assert required == {"torch", "numpy", "pyyaml", "safetensors", "tqdm"}
     assert {"analysis", "tensorboard", "kernels", "text", "docs"} <= set(project["optional-dependencies"])
+
+
+def test_hyla_data_writes_with_the_process_umask(tmp_path) -> None:
+    import os
+
+    from hyla.cli import main
+
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "p.npz"
+        assert main(["data", "fuzzy_logic", "--split", "train", "--num", "2", "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o644

@@ -367,7 +367,7 @@ def test_where_on_a_rows_own_axis(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_the_report_chooses_each_rows_point_over_its_own_axes(tmp_path: Path) -> None:
-    from test_paper_report import fake_record
+    from tiny import fake_record
 
     path = own_warmup_axis(tmp_path)
     sweep = load_sweep(str(path))
@@ -683,3 +683,19 @@ def test_the_run_nearest_its_end_trains_first_and_a_done_one_not_at_all(tmp_path
     groups = plan_sweep(pending, sweep.configs, states, root)
     assert [[s.name for s in g.specs] for g in groups] == [["hyla-seed3"], ["hyla-seed0", "hyla-seed2"]]
     assert [(g.resume, g.resume_from) for g in groups] == [(True, 4), (False, None)]
+
+
+def test_each_piece_records_what_can_change_its_numbers(tmp_path: Path) -> None:
+    """Provenance per piece: the step's settings (fast path, graph step, TF32, bf16, the cadences), the software
+    versions, the CPU with its family and model, and the command line, beside commit, machine and device."""
+    import torch
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    (piece,) = read_jsonl(next((tmp_path / "r" / "tiny").glob("*/made_by.jsonl")))
+    settings = piece["settings"]
+    assert settings["train.fast"] is False and settings["train.tf32"] is True and settings["train.bf16"] is False
+    assert settings["train.eval_every"] == 4 and settings["train.steps"] == 8  # TINY_SWEEP_OVERRIDES
+    assert piece["versions"]["torch"] == torch.__version__ and piece["versions"]["cuda"] is None
+    assert "(family " in piece["cpu"] or not Path("/proc/cpuinfo").exists()  # Zen 3 and Zen 5 told apart
+    assert isinstance(piece["command"], str) and piece["command"]

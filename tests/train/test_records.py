@@ -129,3 +129,21 @@ def test_a_piece_completes_its_own_start_line_after_a_killed_one(tmp_path: Path)
     append_jsonl(path, started)
     finish_piece_record(tmp_path, started, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0})
     assert read_jsonl(path) == [DONE, KILLED, {**started, "ended": "f", "to_step": 20, "wall_s": 5.0}]
+
+
+def test_training_without_tensorboard_writes_the_same_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard is an extra: without it a run writes no ``tb/`` and the same ``metrics.jsonl``, bit for bit."""
+    import importlib.util
+
+    from hyla.train.loop import Trainer
+    from tiny import tiny_overrides
+
+    cfg = load_config("fuzzy_logic", tiny_overrides(steps=4, every=2))
+    Trainer(cfg, tmp_path / "with", quiet=True, progress=False).run()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a)
+    )
+    Trainer(cfg, tmp_path / "without", quiet=True, progress=False).run()
+    assert (tmp_path / "with" / "tb").is_dir() and not (tmp_path / "without" / "tb").exists()
+    assert (tmp_path / "with" / "metrics.jsonl").read_bytes() == (tmp_path / "without" / "metrics.jsonl").read_bytes()

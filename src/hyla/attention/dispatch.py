@@ -5,44 +5,48 @@ linear attention) only where the backend covers it (``fused_cpu``, also under ``
 ``chunked``), else the direct form, silently, as before those backends covered it.
 
 ``dispatch`` returns the attention heads ``y_BxHxQxD`` or ``None`` when the caller should use the
-direct form in :mod:`hyla.attention.functional`. Which backend covers which variant (and dtype, device)
-is the table ``COVERAGE`` in :mod:`hyla.attention.kernels.coverage`. The backends (former names, still
+direct form in ``hyla.attention.functional`` (whose ``attend`` does both: the one path of ``Attention`` and
+of ``hyla.functional.attention``, so no caller sees the None). Which backend covers which variant (and dtype, device)
+is the table ``COVERAGE`` in ``hyla.attention.kernels.coverage``. The backends (former names, still
 accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
 
 * ``direct``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
-* ``fused_cpu``: :mod:`hyla.attention.kernels.c`, a C kernel (OpenMP, forward and backward) that
+* ``fused_cpu``: ``hyla.attention.kernels.c``, a C kernel (OpenMP, forward and backward) that
   never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
   ``value_network`` ``hyper`` or ``linear`` with every normalization, every phi, float32/float64, masks, biases
   broadcastable to ``1xHxQxK``, attention dropout, first-order gradients; registered as the custom ops
   ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
   runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
-  :class:`~hyla.attention.kernels.errors.CpuKernelUnavailableError` naming the cause;
-* ``manual_backward``: :mod:`hyla.attention.kernels.manual_backward`, the direct form's arithmetic as an
+  ``CpuKernelUnavailableError`` naming the cause;
+* ``manual_backward``: ``hyla.attention.kernels.manual_backward``, the direct form's arithmetic as an
   ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
   ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
   dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` it traces the
   direct form instead (Inductor fuses its passes);
-* ``chunked``: :mod:`hyla.attention.kernels.chunked`, pure PyTorch, ``chunk_size`` queries at a time,
+* ``chunked``: ``hyla.attention.kernels.chunked``, pure PyTorch, ``chunk_size`` queries at a time,
   memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device;
-* ``fused``: :mod:`hyla.attention.kernels.triton`, a Triton kernel (forward and backward) that never
+* ``fused``: ``hyla.attention.kernels.triton``, a Triton kernel (forward and backward) that never
   materializes the hidden tensor, registered as the custom op ``hyla::fused_attention`` (autograd,
   ``torch.compile``). It runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (slow: for tests).
   It covers ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none`` (every phi),
   float32 / bfloat16 / float16, up to 32 heads and head dims up to 128, any bias broadcastable to
   ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
   (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
-  :class:`~hyla.attention.kernels.errors.FusedUnavailableError` (a ``NotImplementedError``) naming the cause;
+  ``FusedUnavailableError`` (a ``NotImplementedError``) naming the cause;
+* a mask that varies over heads (``B x H x Q x K`` with H > 1, which ``hyla.functional.attention`` accepts as
+  SDPA does) is beyond both kernels, which take one mask for all heads: ``auto`` leaves it to
+  ``manual_backward`` or the direct form, ``fused_cpu`` asked for it raises;
 * with attention dropout (a keep-mask given), only the backends whose ``COVERAGE`` entry has
   ``dropout`` run it (``fused_cpu``, also when ``auto`` chooses it); the others leave it to the direct form;
-* ``auto``: on CPU (any non-CUDA device), by :func:`cpu_auto_choice`: ``fused_cpu`` when it covers the
+* ``auto``: on CPU (any non-CUDA device), by ``cpu_auto_choice``: ``fused_cpu`` when it covers the
   case (and a C compiler is there) and head dims are at most 8 or (hyper value networks) the scores
   tensor is large, else ``manual_backward`` for head dims up to 16 when it covers the case (e.g.
-  bfloat16), else the direct form, silently. On CUDA, by :func:`cuda_auto_choice`: the direct form for
+  bfloat16), else the direct form, silently. On CUDA, by ``cuda_auto_choice``: the direct form for
   head dims up to 8 with fewer than 2^24 scores (the kernel would be mostly padding); else ``fused`` when
   the case is covered, otherwise the direct form, with a one-time warning per cause.
   Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
   heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
-  signature, forward and backward, against the direct form (:func:`fused_self_test`); a kernel that
+  signature, forward and backward, against the direct form (``fused_self_test``); a kernel that
   fails to compile or disagrees is not used for that signature (warning once). Under
   ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel (the
   trainer therefore runs one eager forward before compiling). Inside ``torch.vmap`` (stacked runs) the
@@ -61,6 +65,7 @@ from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
 from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
 from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
+from hyla.attention.kernels.errors import CpuKernelUnavailableError
 from hyla.attention.kernels.manual_backward import (
     manual_backward_hypernetwork_attention,
     manual_backward_unsupported_reason,
@@ -82,6 +87,13 @@ def _warn_once(reason: str) -> None:
             "using the direct form",
             stacklevel=3,
         )
+
+
+def _per_head_mask_reason(mask: Tensor | None) -> str | None:
+    """Why the kernels cannot take ``mask`` (one that varies over heads), or None."""
+    if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:
+        return f"a mask that varies over heads (shape {tuple(mask.shape)}; covered: broadcastable to Bx1xQxK)"
+    return None
 
 
 def _signature(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> tuple:
@@ -170,7 +182,8 @@ def cpu_auto_choice(
     # (the large-scores rule was measured for HYLA; softmax attention keeps the C kernel to the head dims measured)
     large = config.is_hyper and b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
     tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
-    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_unsupported_reason(config, *tensors) is None:
+    fused_cpu_covers = _per_head_mask_reason(mask) is None and fused_cpu_unsupported_reason(config, *tensors) is None
+    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_covers:
         return "fused_cpu"
     if torch.compiler.is_compiling():  # manual_backward is not traceable (see dispatch)
         return "direct"
@@ -213,11 +226,11 @@ def dispatch(
 ) -> Tensor | None:
     """``y_BxHxQxD`` from the chosen backend, or None: use the direct form.
 
-    ``mask`` is bool broadcastable to ``Bx1xQxK`` (True = may attend), ``bias`` broadcastable to
-    ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused). With
+    ``mask`` is bool broadcastable to ``BxHxQxK`` (True = may attend; the kernels take ``Bx1xQxK``), ``bias``
+    broadcastable to ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused). With
     ``dropout_keep_11xQxK`` (attention dropout at rate ``dropout``,
-    :func:`~hyla.attention.functional.dropout_keep_mask`) only a backend that covers dropout runs.
-    ``backend`` is one of :data:`~hyla.attention.config.BACKENDS` or a former name of one.
+    ``dropout_keep_mask``) only a backend that covers dropout runs.
+    ``backend`` is one of ``BACKENDS`` or a former name of one.
     """
     backend = canonical_backend(backend)
     if backend == "direct":
@@ -248,6 +261,9 @@ def dispatch(
     if backend == "fused":
         return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if backend == "fused_cpu":
+        reason = _per_head_mask_reason(mask)
+        if reason is not None:
+            raise CpuKernelUnavailableError(f"the fused CPU kernel does not cover {reason}")
         return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **drop)
     if backend == "manual_backward" or (backend == "auto" and q.device.type != "cuda"):
         choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "manual_backward"
@@ -261,7 +277,7 @@ def dispatch(
     # auto on CUDA; shape arithmetic first, which torch.compile traces without a graph break (also in vmap)
     if cuda_auto_choice(q, k, v) == "direct":
         return None
-    reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+    reason = _per_head_mask_reason(mask) or fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
     if reason is not None:
         _warn_once(reason)
         return None

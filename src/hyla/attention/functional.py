@@ -1,7 +1,9 @@
 """Attention as a hypernetwork, direct (vectorized) form.
 
 Shape letters: B batch, H heads, Q queries, K keys, E query/key head dim, D value head dim.
-Masks are boolean with True where a query may attend to a key.
+Masks are boolean with True where a query may attend to a key (``mask_and_bias`` turns a
+``scaled_dot_product_attention``-style float mask into one). A query with no key to attend gets the empty
+sum, 0, in every variant.
 
 This is the readable, always-available implementation (``Attention(backend="direct")``): the kernels in
 ``hyla.attention.kernels`` are tested against it, and it is itself tested against the naive
@@ -14,12 +16,17 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from hyla.attention.config import NONLINEARITIES, AttentionConfig
+
+#: on a variant without softmax over keys, a float mask's entries at or below this (as rounded to the mask's
+#: dtype) mean "not attended": added to the scores they would dominate RMSHead instead of removing the key
+NOT_ATTENDED_AT_OR_BELOW = -1e4
 
 _PHI: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -92,7 +99,7 @@ def draw_keep_mask(
 
 @contextmanager
 def supplied_keep_masks(masks_11xQxK: Sequence[Tensor]) -> Iterator[None]:
-    """Inside, :func:`dropout_keep_mask` hands out ``masks_11xQxK`` in order instead of drawing (an error if
+    """Inside, ``dropout_keep_mask`` hands out ``masks_11xQxK`` in order instead of drawing (an error if
     it is asked for more or fewer). A stack of runs draws each run's masks beforehand from that run's own
     generator, so that each run drops exactly the pairs its lone run drops (``hyla.train.stacked``)."""
     supply = iter(masks_11xQxK)
@@ -107,7 +114,7 @@ def supplied_keep_masks(masks_11xQxK: Sequence[Tensor]) -> Iterator[None]:
 
 def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.device) -> Tensor:
     """The keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
-    one for the whole batch and every head: the next of :func:`supplied_keep_masks` when inside it,
+    one for the whole batch and every head: the next of ``supplied_keep_masks`` when inside it,
     else drawn from torch's default generator of ``device``."""
     supply = _SUPPLIED_KEEP_MASKS.get()
     if supply is None:
@@ -120,7 +127,7 @@ def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.d
 
 def drop_pairs(a_BxHxQxK: Tensor, p: float, keep_11xQxK: Tensor | None = None) -> Tensor:
     """Attention dropout on the latent code: kept pairs scaled by ``1 / (1 - p)``, the others zero;
-    ``keep_11xQxK`` drawn by :func:`dropout_keep_mask` unless given.
+    ``keep_11xQxK`` drawn by ``dropout_keep_mask`` unless given.
 
     One multiplier ``keep / (1 - p)`` in the code's dtype, as the authors' code (flax) makes it: one pass over
     the code instead of two."""
@@ -174,4 +181,153 @@ def hypernetwork_attention(
     s = attention_scores(q_BxHxQxE, k_BxHxKxE, bias)
     a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps)
     y, _ = value_network(a, v_BxHxKxD, config.value_network, config.nonlinearity, w_mid_HxDxD)
+    return y, a
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | str | None = None, q_offset: int = 0) -> Tensor:
+    """Bool ``1 x 1 x Q x K``, True where key ``j <= q_offset + i`` for query ``i``: query ``i`` sits at position
+    ``q_offset + i`` of the keys; ``q_offset=0`` is ``scaled_dot_product_attention``'s ``is_causal`` (top-left)."""
+    q_pos = torch.arange(q_offset, q_offset + num_queries, device=device)
+    return (torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None])[None, None]
+
+
+def _broadcasts_to(shape: torch.Size, target: tuple[int, ...]) -> bool:
+    try:
+        return len(shape) <= len(target) and torch.broadcast_shapes(shape, target) == torch.Size(target)
+    except RuntimeError:
+        return False
+
+
+def mask_and_bias(
+    attn_mask: Tensor, normalization: str, shape_BxHxQxK: tuple[int, int, int, int], dtype: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """What a ``scaled_dot_product_attention``-style ``attn_mask`` means here: ``(mask, bias)``, a bool mask
+    (True = may attend) and an additive score bias in ``dtype`` or None, both broadcastable to ``shape_BxHxQxK``.
+
+    A bool ``attn_mask`` is the mask. A float one is added to the scores, as SDPA adds it, except that an entry
+    that must remove its key does so exactly: ``-inf`` for every variant (so a query whose keys are all
+    ``-inf`` gets 0, as with a bool mask, not softmax's NaN), and, without softmax over keys (``none``,
+    ``rms_head``), any entry at or below ``NOT_ATTENDED_AT_OR_BELOW``, since there a large negative score
+    dominates the normalization instead of vanishing. Such a variant cannot read a finite nonzero entry as a
+    mask, so a float mask with one is refused (pass additive biases as a bias instead). The values are looked at
+    once (on CUDA a host sync): where that matters, pass a bool mask.
+
+    Args:
+        attn_mask: bool or float, broadcastable to ``shape_BxHxQxK``.
+        normalization: the variant's normalization (``softmax``, ``none``, ``rms_head``).
+        shape_BxHxQxK: the scores' shape.
+        dtype: the scores' dtype, which the bias takes.
+
+    Returns:
+        The bool mask and the bias (None when the mask holds no bias).
+
+    Raises:
+        ValueError: a mask of another dtype or shape, or finite nonzero entries without softmax.
+    """
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(
+            f"attn_mask must be bool (True = attend) or float (added to the scores), got dtype {attn_mask.dtype}"
+        )
+    if not _broadcasts_to(attn_mask.shape, shape_BxHxQxK):
+        raise ValueError(
+            f"attn_mask must broadcast to (batch, heads, queries, keys) = {tuple(shape_BxHxQxK)}, "
+            f"got {tuple(attn_mask.shape)}"
+        )
+    if attn_mask.dtype == torch.bool:
+        return attn_mask, None
+    if normalization == "softmax":
+        not_attended = torch.isneginf(attn_mask)
+    else:  # the limit in the mask's own dtype: -1e4 in bfloat16 is -9984
+        not_attended = attn_mask <= torch.tensor(NOT_ATTENDED_AT_OR_BELOW, dtype=attn_mask.dtype).item()
+    # one look at the values (a host sync on CUDA): a mask of only 0 and "not attended" holds no bias, which
+    # spares a pass over the scores and lets the C kernel take a mask that varies over the batch; softmax keeps
+    # a mask that asks for its gradient (SDPA gives one) as a bias
+    wants_grad = normalization == "softmax" and attn_mask.requires_grad
+    if not wants_grad and bool((not_attended | (attn_mask == 0)).all()):
+        return ~not_attended, None
+    if normalization == "softmax":
+        return ~not_attended, attn_mask.masked_fill(not_attended, 0.0).to(dtype)
+    raise ValueError(
+        f"attn_mask: normalization={normalization!r} has no softmax over keys, so a float mask must hold only 0 "
+        f"(attend) and values <= {NOT_ATTENDED_AT_OR_BELOW:g} or -inf (not attended); pass score biases as bias"
+    )
+
+
+class DirectFormHooks(NamedTuple):
+    """What the direct form passes its intermediates through (``Attention``'s hook points): each returns the
+    tensor to go on with, except ``hidden``'s, which is read only."""
+
+    scores: Callable[[Tensor], Tensor]
+    latent: Callable[[Tensor], Tensor]
+    hidden: Callable[[Tensor], object]
+
+
+def attend(
+    q_BxHxQxE: Tensor,
+    k_BxHxKxE: Tensor,
+    v_BxHxKxD: Tensor,
+    config: AttentionConfig,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    backend: str = "auto",
+    w_mid_HxDxD: Tensor | None = None,
+    chunk_size: int = 256,
+    dropout: float = 0.0,
+    dropout_keep_11xQxK: Tensor | None = None,
+    direct_form: bool = False,
+    hooks: DirectFormHooks | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The attention heads by the backend that ``hyla.attention.dispatch.dispatch`` chooses, else by the
+    direct form: the one path of ``Attention`` and ``hyla.functional.attention``.
+
+    Args:
+        q_BxHxQxE: queries.
+        k_BxHxKxE: keys.
+        v_BxHxKxD: values.
+        config: the variant.
+        mask: bool, True where a query may attend to a key, broadcastable to ``B x H x Q x K`` (the kernels
+            take masks shared over heads, ``B x 1 x Q x K``; one that varies over heads takes a backend that
+            covers it).
+        bias: additive score bias broadcastable to ``B x H x Q x K``.
+        backend: one of ``hyla.attention.config.BACKENDS``.
+        w_mid_HxDxD: the extra generated layer of ``hyper_deep``.
+        chunk_size: queries per block of the ``chunked`` backend.
+        dropout: attention dropout's rate (applied where ``dropout_keep_11xQxK`` is given).
+        dropout_keep_11xQxK: the pairs dropout keeps (``dropout_keep_mask``), or None: no dropout.
+        direct_form: take the direct form whatever the backend (for the latent code or hooks).
+        hooks: the direct form's intermediates pass through these.
+
+    Returns:
+        ``(y_BxHxQxD, a_BxHxQxK)``; the latent code ``a`` only from the direct form, else None.
+    """
+    if not direct_form and backend != "direct":
+        # imported on first use: a model that never dispatches does not load the kernels' wrappers
+        from hyla.attention.dispatch import dispatch
+
+        y = dispatch(
+            backend,
+            q_BxHxQxE,
+            k_BxHxKxE,
+            v_BxHxKxD,
+            config,
+            mask=mask,
+            bias=bias,
+            w_mid_HxDxD=w_mid_HxDxD,
+            chunk_size=chunk_size,
+            dropout_keep_11xQxK=dropout_keep_11xQxK,
+            dropout=dropout,
+        )
+        if y is not None:
+            return y, None
+    s = attention_scores(q_BxHxQxE, k_BxHxKxE, bias)
+    if hooks is not None:
+        s = hooks.scores(s)
+    a = normalize_scores(s, config.normalization, mask, config.rms_eps)
+    if hooks is not None:
+        a = hooks.latent(a)
+    a_used = drop_pairs(a, dropout, dropout_keep_11xQxK) if dropout_keep_11xQxK is not None else a
+    y, hidden = value_network(a_used, v_BxHxKxD, config.value_network, config.nonlinearity, w_mid_HxDxD)
+    if hidden is not None and hooks is not None:
+        hooks.hidden(hidden)
     return y, a

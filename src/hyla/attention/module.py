@@ -5,13 +5,16 @@ Example::
     attn = Attention(dim=128, num_heads=16, attention="hyla", qk_dim=64, v_dim=64)
     y_BxTxD, latent_BxHxTxT = attn(x_BxTxD, return_latent=True)
 
-Every intermediate passes through a named :class:`HookPoint` (``hook_q``, ``hook_k``, ``hook_v``,
+Every intermediate passes through a named ``HookPoint`` (``hook_q``, ``hook_k``, ``hook_v``,
 ``hook_scores``, ``hook_latent``, ``hook_hidden``, ``hook_heads``), so ``register_forward_hook`` on
 e.g. ``model.blocks[0].attn.hook_latent`` reads or edits the latent code.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +22,7 @@ from torch import Tensor, nn
 
 from hyla.attention import functional as fn
 from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
+from hyla.attention.functional import causal_mask
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
 
 
@@ -88,9 +92,17 @@ class GeneratedValueNetwork:
 class Attention(nn.Module):
     """Multi-head attention parameterized by the paper's orthogonal choices.
 
-    Masks: ``causal=True`` masks keys after each query; ``forward``'s ``key_padding_mask`` is True at padded
-    keys (PyTorch's ``nn.MultiheadAttention`` convention). A masked pair takes no part in the attention,
-    also in HYLA's and linear attention's sums, which have no softmax to zero it.
+    Masks: a boolean mask is True where a query may attend to a key, wherever one is taken (as in
+    ``torch.nn.functional.scaled_dot_product_attention`` and ``hyla.functional.attention``). ``causal=True``
+    masks keys after each query; ``forward``'s ``key_mask`` (``B x K``) masks keys per example and its
+    ``attn_mask`` (bool, or float added to the scores, broadcastable to ``B x H x Q x K``) any pairs; what they
+    mask together is masked. A masked pair takes no part in the attention, also in HYLA's and linear attention's
+    sums, which have no softmax to zero it: there a float ``attn_mask`` is read as the mask it means (entries
+    at or below -1e4, or -inf, not attended; any other entry must be 0, else ``ValueError``), while softmax adds
+    it as SDPA does (only -inf removes a key exactly). A query with no key to attend gets 0 from the attention
+    (the empty sum; SDPA in PyTorch 2.13 also gives 0, older releases NaN), so its output is ``out_proj``'s bias.
+    The former ``key_padding_mask`` (True at padded keys, ``nn.MultiheadAttention``'s convention) still works
+    but is deprecated (a ``DeprecationWarning``): ``key_mask=~key_padding_mask`` is the same.
 
     Cost against the sequence length T: every variant computes all query-key pairs, so time grows as
     B H T^2 (head widths); HYLA's value network does H times more multiply-adds per pair than softmax
@@ -103,7 +115,7 @@ class Attention(nn.Module):
         dim: width of the query stream (and of the output unless ``out_dim``).
         num_heads: H.
         attention: preset name (``"softmax"``, ``"linear"``, ``"hyla"``, ... see ``PRESETS``) or an
-            :class:`AttentionConfig`.
+            ``AttentionConfig``.
         qk_dim: TOTAL query/key width, split over heads (the paper's convention); default ``dim``. Give
             ``head_dim_qk`` instead to set the per-head width.
         v_dim: TOTAL value width, split over heads; default ``dim`` (``head_dim_v``: per head).
@@ -125,9 +137,9 @@ class Attention(nn.Module):
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
         backend: ``auto`` | ``direct`` | ``manual_backward`` | ``fused_cpu`` | ``fused`` | ``chunked``; how
-            the attention is computed (see :mod:`hyla.attention.dispatch`: ``auto`` is ``fused``,
+            the attention is computed (see ``hyla.attention.dispatch``: ``auto`` is ``fused``,
             the Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
-            ``direct`` is the vectorized form of :mod:`hyla.attention.functional`; ``manual_backward`` the
+            ``direct`` is the vectorized form of ``hyla.attention.functional``; ``manual_backward`` the
             same with a hand-derived backward; ``chunked`` processes ``chunk_size`` queries at a time). The
             former names ``reference`` (= ``direct``) and ``explicit`` (= ``manual_backward``) are still
             accepted, with a ``DeprecationWarning``. The latent code and hooks always use the direct form.
@@ -249,25 +261,20 @@ class Attention(nn.Module):
         num_queries: int,
         num_keys: int,
         q_offset: int,
-        key_padding_mask_BxK: Tensor | None,
+        *,
         device: torch.device,
+        key_mask_BxK: Tensor | None = None,
+        attn_mask: Tensor | None = None,
     ) -> Tensor | None:
-        """Boolean ``Bx1xQxK`` mask (True = may attend) from causality and key padding, or None."""
-        mask = None
-        if self.causal:
-            q_pos = torch.arange(q_offset, q_offset + num_queries, device=device)
-            mask = (torch.arange(num_keys, device=device)[None, :] <= q_pos[:, None])[None, None]
-        if key_padding_mask_BxK is not None:
-            if key_padding_mask_BxK.dtype != torch.bool or tuple(key_padding_mask_BxK.shape) != (
-                batch,
-                num_keys,
-            ):
-                raise ValueError(
-                    f"key_padding_mask must be a bool tensor of shape (batch={batch}, keys={num_keys}) with True "
-                    f"at padded keys, got dtype {key_padding_mask_BxK.dtype} shape {tuple(key_padding_mask_BxK.shape)}"
-                )
-            keep = (~key_padding_mask_BxK)[:, None, None, :]
+        """Boolean mask (True = may attend) from causality, ``key_mask_BxK`` (True = attend) and a bool
+        ``attn_mask`` broadcastable to ``BxHxQxK``: ``Bx1xQxK`` unless ``attn_mask`` varies over heads; or None."""
+        mask = causal_mask(num_queries, num_keys, device, q_offset) if self.causal else None
+        if key_mask_BxK is not None:
+            _check_key_mask("key_mask", key_mask_BxK, batch, num_keys, "True at keys to attend")
+            keep = key_mask_BxK[:, None, None, :]
             mask = keep if mask is None else mask & keep
+        if attn_mask is not None:
+            mask = attn_mask if mask is None else mask & attn_mask
         return mask
 
     def score_bias(self, num_queries: int, num_keys: int, q_offset: int, attn_bias: Tensor | None) -> Tensor | None:
@@ -292,22 +299,33 @@ class Attention(nn.Module):
         x_BxQxD: Tensor,
         context_BxKxC: Tensor | None = None,
         *,
-        key_padding_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         attn_bias: Tensor | None = None,
         cache: KVCache | None = None,
         q_offset: int = 0,
         return_latent: bool = False,
+        key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (queries) to ``context`` (keys/values; ``x`` itself when None).
 
         Args:
-            key_padding_mask: bool ``BxK``, True at padded keys (PyTorch convention).
+            x_BxQxD: the queries' stream.
+            context_BxKxC: the keys' and values' stream (cross-attention), or None: ``x`` (self-attention).
+            key_mask: bool ``BxK``, True at keys to attend (with a cache: all cached keys).
+            attn_mask: bool (True = attend) or float (added to the scores; see the class's "Masks"),
+                broadcastable to ``BxHxQxK``, as ``scaled_dot_product_attention``'s; combined with ``causal``
+                and ``key_mask``.
             attn_bias: additive score bias broadcastable to ``BxHxQxK``.
-            cache: a :class:`KVCache` for incremental decoding; the new keys/values are appended and
+            cache: a ``KVCache`` for incremental decoding; the new keys/values are appended and
                 the queries are placed after the cached positions.
             q_offset: position of the first query within the key sequence (for causality, relative
                 positions and RoPE), e.g. ``T - P`` when ``x`` holds the last P tokens of ``context``.
             return_latent: also return the latent code ``a_BxHxQxK`` (the normalized scores).
+            key_padding_mask: deprecated, ``~key_mask``: bool ``BxK``, True at padded keys.
+
+        Returns:
+            The output ``B x Q x out_dim``, and the latent code with ``return_latent``.
         """
         if cache is not None and context_BxKxC is not None:
             raise ValueError("cache is for self-attention decoding; pass context=None with a cache")
@@ -317,12 +335,19 @@ class Attention(nn.Module):
         q, k, v = self.project(x_BxQxD, context_BxKxC, q_offset)
         if cache is not None:
             k, v = cache.append(k, v)
-            if key_padding_mask is not None and key_padding_mask.shape[-1] != k.shape[2]:
-                raise ValueError("with a cache, key_padding_mask must cover all cached keys (batch, cache length)")
-        b, _, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        mask = self.build_mask(b, nq, nk, q_offset, key_padding_mask, q.device)
+        b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        if key_padding_mask is not None:
+            key_mask = _from_key_padding_mask(key_mask, key_padding_mask, b, nk)
+        if cache is not None and key_mask is not None and key_mask.shape[-1] != nk:
+            raise ValueError("with a cache, key_mask must cover all cached keys (batch, cache length)")
+        pair_mask, mask_bias = None, None
+        if attn_mask is not None:
+            pair_mask, mask_bias = fn.mask_and_bias(attn_mask, self.config.normalization, (b, h, nq, nk), q.dtype)
         # with a causal cache the offset already encodes the query positions
+        mask = self.build_mask(b, nq, nk, q_offset, device=q.device, key_mask_BxK=key_mask, attn_mask=pair_mask)
         bias = self.score_bias(nq, nk, q_offset, attn_bias)
+        if mask_bias is not None:
+            bias = mask_bias if bias is None else bias + mask_bias
         y_BxHxQxD, a = self._attend(q, k, v, mask, bias, need_latent=return_latent)
         y_BxHxQxD = self.hook_heads(y_BxHxQxD)
         out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))
@@ -343,37 +368,26 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         # drawn before anything else uses the generator, the same mask whichever form runs
         keep = fn.dropout_keep_mask(q.shape[2], k.shape[2], self.dropout, q.device) if self._drops else None
-        if not self._uses_direct_form(need_latent):
-            # imported on first use: a model that never dispatches does not load the kernels' wrappers
-            from hyla.attention.dispatch import dispatch
-
-            y = dispatch(
-                self.backend,
-                q,
-                k,
-                v,
-                self.config,
-                mask=mask,
-                bias=bias,
-                w_mid_HxDxD=self.w_mid_HxDxD,
-                chunk_size=self.chunk_size,
-                dropout_keep_11xQxK=keep,
-                dropout=self.dropout,
-            )
-            if y is not None:
-                return y, None
-        s = self.hook_scores(fn.attention_scores(q, k, bias))
-        a = self.hook_latent(fn.normalize_scores(s, self.config.normalization, mask, self.config.rms_eps))
-        a_used = fn.drop_pairs(a, self.dropout, keep) if keep is not None else a
-        y, hidden = fn.value_network(a_used, v, self.config.value_network, self.config.nonlinearity, self.w_mid_HxDxD)
-        if hidden is not None:
-            self.hook_hidden(hidden)
-        return y, a
+        return fn.attend(
+            q,
+            k,
+            v,
+            self.config,
+            mask=mask,
+            bias=bias,
+            backend=self.backend,
+            w_mid_HxDxD=self.w_mid_HxDxD,
+            chunk_size=self.chunk_size,
+            dropout=self.dropout,
+            dropout_keep_11xQxK=keep,
+            direct_form=self._uses_direct_form(need_latent),
+            hooks=fn.DirectFormHooks(self.hook_scores, self.hook_latent, self.hook_hidden),
+        )
 
     # ------------------------------------------------------------------ the hypernetwork view
     @torch.no_grad()
     def latent_code(self, x_BxQxD: Tensor, context_BxKxC: Tensor | None = None, **kwargs: Tensor | None) -> Tensor:
-        """The latent code ``a_BxHxQxK`` for these inputs (no gradient)."""
+        """The latent code ``a_BxHxQxK`` for these inputs (no gradient); ``kwargs`` as ``forward``'s."""
         _, a = self.forward(x_BxQxD, context_BxKxC, return_latent=True, **kwargs)  # type: ignore[misc]
         return a
 
@@ -382,16 +396,24 @@ class Attention(nn.Module):
         x_BxQxD: Tensor,
         context_BxKxC: Tensor | None = None,
         *,
-        key_padding_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         attn_bias: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> GeneratedValueNetwork:
         """Materialize the key-query specific value network ``W[q,k]`` (memory B*Q*K*O*I: small inputs).
 
         ``self.value_network_weights(x)(x)`` equals ``self(x)``; tests use this as the proof that the
-        module is a hypernetwork.
+        module is a hypernetwork. The masks and bias as ``forward``'s (``key_padding_mask`` deprecated).
         """
         _, a = self.forward(
-            x_BxQxD, context_BxKxC, key_padding_mask=key_padding_mask, attn_bias=attn_bias, return_latent=True
+            x_BxQxD,
+            context_BxKxC,
+            key_mask=key_mask,
+            attn_mask=attn_mask,
+            attn_bias=attn_bias,
+            key_padding_mask=key_padding_mask,
+            return_latent=True,
         )
         h, dv = self.num_heads, self.head_dim_v
         w_val_HxDxC = self.v_proj.weight.view(h, dv, self.kv_dim)
@@ -415,6 +437,44 @@ class Attention(nn.Module):
                 layers.append((generate(self.w_mid_HxDxD), None))
             layers.append((generate(w_out_HxOxD), None))
         return GeneratedValueNetwork(layers, self.config.nonlinearity, out_bias)
+
+
+#: torch's own frames (``nn.Module.__call__``, ``torch.no_grad``) lie between a caller and ``forward``
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, for the function that calls this one, of the first frame outside this
+    file and torch: the code that called the module, which is what a deprecation names (and Python shows a
+    ``DeprecationWarning`` only when it names code in ``__main__``)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (
+        frame.f_code.co_filename == __file__ or frame.f_code.co_filename.startswith(_TORCH_DIR)
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _check_key_mask(name: str, mask_BxK: Tensor, batch: int, num_keys: int, meaning: str) -> None:
+    if mask_BxK.dtype != torch.bool or tuple(mask_BxK.shape) != (batch, num_keys):
+        raise ValueError(
+            f"{name} must be a bool tensor of shape (batch={batch}, keys={num_keys}) with {meaning}, "
+            f"got dtype {mask_BxK.dtype} shape {tuple(mask_BxK.shape)}"
+        )
+
+
+def _from_key_padding_mask(key_mask: Tensor | None, key_padding_mask: Tensor, batch: int, num_keys: int) -> Tensor:
+    """``key_mask`` from the deprecated ``key_padding_mask`` (True at padded keys), with the warning."""
+    warnings.warn(
+        "Attention: key_padding_mask (True at padded keys) is deprecated; pass key_mask=~key_padding_mask "
+        "(True at keys to attend, the convention of every other mask)",
+        DeprecationWarning,
+        stacklevel=_caller_stacklevel(),
+    )
+    if key_mask is not None:
+        raise ValueError("give key_mask (True = attend) or the deprecated key_padding_mask (True = padded), not both")
+    _check_key_mask("key_padding_mask", key_padding_mask, batch, num_keys, "True at padded keys")
+    return ~key_padding_mask
 
 
 def _head_dim(name: str, total: int | None, per_head: int | None, dim: int, num_heads: int) -> int:

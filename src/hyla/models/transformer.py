@@ -225,13 +225,12 @@ class Block(nn.Module):
         """``last_positions=P``: compute only the last P positions' outputs (queries), over all keys."""
         x = self.hook_resid_pre(x)
         h = self.norm1(x)
+        key_mask = None if key_padding_mask is None else ~key_padding_mask  # the attention's True = attend
         if last_positions is None:
-            attn_out = self.attn(h, key_padding_mask=key_padding_mask, cache=cache)
+            attn_out = self.attn(h, key_mask=key_mask, cache=cache)
         else:
             t = h.shape[1]
-            attn_out = self.attn(
-                h[:, t - last_positions :], h, key_padding_mask=key_padding_mask, q_offset=t - last_positions
-            )
+            attn_out = self.attn(h[:, t - last_positions :], h, key_mask=key_mask, q_offset=t - last_positions)
             x = x[:, t - last_positions :]
         z = self.hook_resid_mid(x + self.hook_attn_out(attn_out))
         return z + self.hook_ff_out(self.ff(self.norm2(z)))

@@ -12,8 +12,8 @@ together (all new, or stopped at the same step) train as one stack (``hyla.train
 ``hyla train --seeds`` uses too). ``--max-minutes`` stops with checkpoints before the budget ends.
 ``--jobs K`` trains K runs (or stacks) at a time in K worker processes that share the cores (each
 ``cores // K`` threads), each taking the next run in the order above; a worker's progress goes to
-``<run>/train.log``. One ``hyla sweep`` at a time per record directory: two commands would train the same
-pending runs.
+``<run>/train.log``. One ``hyla sweep`` at a time per record directory: a second one exits at once naming
+the first's pid (a lock per sweep folder and per run folder, ``hyla.train.lock``).
 
 Modules: ``groups`` (a sweep's runs as groups; one group trained as one recorded piece),
 ``workers`` (groups in turn or over worker processes; signals and the deadline),

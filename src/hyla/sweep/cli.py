@@ -1,6 +1,7 @@
 """The ``hyla sweep`` command line: which runs (``--only``, ``--where``, ``--override``), how (``--jobs``,
-``--max-minutes``, ``--launcher``), or only what it would do (``--dry-run``, ``--emit-commands``); exit
-codes as ``hyla train``'s: 2 bad input, 3 non-finite loss, 128 + signal when stopped by one."""
+``--max-minutes``, ``--launcher``, ``--retry-failed``), or only what it would do (``--dry-run``,
+``--emit-commands``); exit codes as ``hyla train``'s: 2 bad input (or the sweep folder in use by another
+``hyla sweep``), 3 runs failed with a non-finite loss (the others trained on), 128 + signal when stopped by one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.sweep.estimate import dry_run
-from hyla.sweep.groups import plan_sweep, states_and_pending
+from hyla.sweep.groups import Group, RunsFailed, failed_runs, plan_sweep, states_and_pending
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
@@ -76,16 +77,57 @@ def selected_runs(args: argparse.Namespace) -> tuple[Sweep, list[RunSpec]]:
     return sweep, specs
 
 
+def failure_line(sweep: Sweep, root: Path, failed: dict[str, str]) -> str:
+    """The one line that ends a sweep with failed runs: which, why, what a rerun does, and what may help (only
+    what applies to them)."""
+    from hyla.train.cli import divergence_advice
+
+    runs = "; ".join(f"{name} ({why})" for name, why in failed.items())
+    bf16 = any(sweep.configs[name].train.bf16 for name in failed)
+    advice = divergence_advice(bf16, f"edit {sweep.path.name} and remove its folder under {root}")
+    return (
+        f"hyla sweep: error: {len(failed)} runs failed: {runs}. A rerun skips them (--retry-failed trains them "
+        f"again, from their last checkpoint if any, same config); {advice}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from hyla.train.checkpoint import CheckpointError
-    from hyla.train.cli import failure_exit_code
-    from hyla.train.loop import Interrupted, NonFiniteLossError
+    from hyla.train.lock import FolderLock
 
     t_start = time.monotonic()
     try:
         sweep, specs = selected_runs(args)
-        root = Path(args.root) / sweep.name
+    except (ValueError, CheckpointError) as err:
+        print(f"hyla sweep: error: {err}", file=sys.stderr)
+        return 2
+    root = Path(args.root) / sweep.name
+    if args.emit_commands or args.dry_run:  # they only read: a sweep training meanwhile is no matter
+        return _plan(args, sweep, specs, root, t_start)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, no permission: the user's --root
+        print(f"hyla sweep: error: --root {args.root}: cannot make {root} ({err.strerror})", file=sys.stderr)
+        return 2
+    try:
+        # one sweep at a time per folder: a second would train the same pending runs beside the first
+        with FolderLock(root, "hyla sweep", "the sweep folder"):
+            return _plan(args, sweep, specs, root, t_start)
+    except ValueError as err:  # the folder is in use (its holder named) or its lock cannot be written
+        print(f"hyla sweep: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _plan(args: argparse.Namespace, sweep: Sweep, specs: list[RunSpec], root: Path, t_start: float) -> int:
+    """Read the runs' states, then print the commands, the dry run, or train; failed runs (a NaN/inf loss)
+    are skipped unless ``--retry-failed``."""
+    from hyla.train.checkpoint import CheckpointError
+
+    try:
         states, pending = states_and_pending(specs, root)
+        failed = failed_runs(specs, states, root)
+        skipped = {} if args.retry_failed else failed
+        pending = [s for s in pending if s.name not in skipped]
         if args.emit_commands:
             for s in pending:
                 print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
@@ -100,28 +142,56 @@ def run(args: argparse.Namespace) -> int:
         print(f"hyla sweep: error: {err}", file=sys.stderr)
         return 2
     if not pending:
-        print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
-        return 0
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a file in the way, no permission: the user's --root
-        print(f"hyla sweep: error: --root {args.root}: cannot make {root} ({err.strerror})", file=sys.stderr)
-        return 2
+        if not skipped:
+            print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
+            return 0
+        print(
+            f"{sweep.name}: {len(specs) - len(skipped)} of {len(specs)} runs are done, {len(skipped)} failed ({root})"
+        )
+        print(failure_line(sweep, root, skipped), file=sys.stderr)
+        return 3
     if args.launcher != "local":
         return submit(groups, sweep, root, args.launcher, args.device, args.override)
+    return _train(args, sweep, root, groups, len(specs), pending, skipped, t_start)
+
+
+def _train(
+    args: argparse.Namespace,
+    sweep: Sweep,
+    root: Path,
+    groups: list[Group],
+    selected: int,
+    pending: list[RunSpec],
+    skipped: dict[str, str],
+    t_start: float,
+) -> int:
+    """Train ``groups`` (the ``pending`` of ``selected`` runs; failed ones ``skipped``); the exit code."""
+    from hyla.train.checkpoint import CheckpointError
+    from hyla.train.cli import failure_exit_code
+    from hyla.train.loop import Interrupted, NonFiniteLossError
+
     deadline = None if args.max_minutes is None else budget_deadline(t_start, args.max_minutes)
-    print(f"{sweep.name}: {len(pending)} of {len(specs)} runs to train into {root}", flush=True)
+    print(f"{sweep.name}: {len(pending)} of {selected} runs to train into {root}", flush=True)
+    failed_now: dict[str, str] = {}
     try:
         finished = train_groups(
             groups, root, device=args.device, deadline=deadline, quiet=not args.progress, jobs=args.jobs
         )
+    except RunsFailed as err:  # the other groups trained on; the failed runs are named below
+        finished, failed_now = err.finished, err.failed
     except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
         return failure_exit_code("hyla sweep", err, "(checkpoints saved); run the same command to continue")
-    left = len(pending) - len(finished)
+    left = len(pending) - len(finished) - len(failed_now)
+    out_of_time = deadline is not None and time.monotonic() >= deadline
     print(
         f"{sweep.name}: {len(finished)} runs finished now, {left} left"
-        + (" (time budget reached; run the same command to continue)" if left else "")
+        + (f", {len(failed_now)} failed" if failed_now else "")
+        + (f" ({'time budget reached; ' if out_of_time else ''}run the same command to continue)" if left else "")
     )
+    failed = {**skipped, **failed_now}
+    if failed:
+        print(failure_line(sweep, root, failed), file=sys.stderr)
+        return 3
     return 0
 
 
@@ -154,6 +224,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         metavar="K",
         help="train K runs at a time in K processes sharing the cores (default 1); logs in <run>/train.log",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="train the runs whose loss became NaN/inf again (from their last checkpoint; skipped by default)",
     )
     p.add_argument("--dry-run", action="store_true", help="list the runs and their estimated cost; train nothing")
     p.add_argument("--emit-commands", action="store_true", help="print one `hyla train` command per pending run")

@@ -22,6 +22,9 @@ def save_npz(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
     os.close(fd)
+    umask = os.umask(0)  # mkstemp makes it 0600: the file gets the mode any other file of this process would
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         np.savez_compressed(tmp, **arrays)
         os.replace(tmp, path)

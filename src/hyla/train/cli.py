@@ -2,20 +2,23 @@
 
 Expansion of seeds and ``--sweep`` files into runs and the exit codes live here: 2 bad input, 3 non-finite
 loss, 128 + signal when stopped by one. The runs go through the planner of ``hyla sweep``
-(:mod:`hyla.train.plan`: groups and engines). Also runs under ``torchrun`` for DDP (lone runs).
+(``hyla.train.plan``: groups and engines). Also runs under ``torchrun`` for DDP (lone runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from hyla.textio import FileFormatError, read_yaml
-from hyla.train.checkpoint import CheckpointError, checkpoint_step
-from hyla.train.config import ExperimentConfig, load_config
+from hyla.train.checkpoint import CheckpointError, checkpoint_step, checkpoint_write_failure
+from hyla.train.config import ExperimentConfig, check_device_name, load_config
+from hyla.train.lock import FolderLock
 from hyla.train.plan import describe_plan, engine_for, plan_groups
 from hyla.train.rundir import METRICS
 
@@ -73,26 +76,61 @@ def run_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[
     return cfgs, outs
 
 
-def failure_exit_code(command: str, err: Exception, interrupted_note: str) -> int:
-    """Say why a training command stopped; its exit code: 2 bad input, 3 non-finite loss, 128 + signal."""
+def divergence_advice(bf16: bool, restart: str) -> str:
+    """What may stop a NaN/inf loss, only what applies (``train.bf16=false`` if a diverging run trained in bf16),
+    and how to start that run afresh (``restart``): a resume keeps the config, so it cannot take another."""
+    what = "a lower train.lr" + (" or train.bf16=false" if bf16 else "")
+    return f"to train it anew with {what}, {restart} (a resume keeps the config)"
+
+
+def failure_exit_code(command: str, err: Exception, interrupted_note: str, diverged_note: str | None = None) -> int:
+    """Say why a training command stopped; its exit code: 2 bad input, 3 non-finite loss, 128 + signal.
+    ``diverged_note`` (default: ``divergence_advice``, started afresh) follows a non-finite loss."""
     from hyla.train.loop import Interrupted, NonFiniteLossError
 
     if isinstance(err, Interrupted):
         print(f"{command}: {err} received {interrupted_note}", file=sys.stderr)
         return 128 + err.signum
+    if isinstance(err, NonFiniteLossError):
+        note = diverged_note or divergence_advice(err.bf16, "start it afresh")
+        print(f"{command}: error: {err}; {note}", file=sys.stderr)
+        return 3
     print(f"{command}: error: {err}", file=sys.stderr)
-    return 3 if isinstance(err, NonFiniteLossError) else 2
+    return 2
+
+
+def writes_records() -> bool:
+    """Whether this process writes the run directories: not the other ranks of a ``torchrun`` (DDP) launch."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train every group of runs in turn (one group for a lone run)."""
+    """Train every group of runs in turn (one group for a lone run), each run directory locked
+    (``hyla.train.lock``) so that a second command on it stops at once."""
+    try:
+        if args.stop_at_step is not None and args.stop_at_step < 1:
+            raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
+        check_device_name(args.device)
+        cfgs, outs = run_configs(args)
+    except (ValueError, CheckpointError) as err:
+        print(f"hyla train: error: {err}", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as locks:
+        try:
+            if writes_records():
+                for out in outs:
+                    locks.enter_context(FolderLock(out, "hyla train", "the run directory"))
+        except ValueError as err:
+            print(f"hyla train: error: {err}", file=sys.stderr)
+            return 2
+        return _train(args, cfgs, outs)
+
+
+def _train(args: argparse.Namespace, cfgs: list[ExperimentConfig], outs: list[Path]) -> int:
     from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 
     several = bool(args.seeds or args.sweep)
     try:
-        if args.stop_at_step is not None and args.stop_at_step < 1:
-            raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
-        cfgs, outs = run_configs(args)
         resume_from = [checkpoint_step(out) if args.resume else None for out in outs]
         groups = plan_groups(cfgs, resume_from)
     except (ValueError, CheckpointError) as err:
@@ -110,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
             saved = "checkpoints saved" if several else "checkpoint saved"
             note = f"at step {trainer.step if trainer else 0}; {saved}, resume with --resume"
-            return failure_exit_code("hyla train", err, note)
+            return failure_exit_code(
+                "hyla train", err, note, divergence_advice(getattr(err, "bf16", False), "choose another --out")
+            )
+        except OSError as err:  # a full or read-only disk: the atomic writes keep every earlier checkpoint intact
+            print(f"hyla train: error: {checkpoint_write_failure(err, g_outs)}", file=sys.stderr)
+            return 2
         finally:
             if trainer is not None:
                 trainer.close()

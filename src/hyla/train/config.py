@@ -1,7 +1,7 @@
 """Experiment configuration: typed dataclasses, YAML files in ``hyla/configs/``, ``key.sub=value`` overrides.
 
 An experiment is ``seed`` + ``data`` (the task and its split) + ``model`` (a
-:class:`~hyla.models.TransformerConfig`; input/output sizes come from the task) + ``train``.
+``TransformerConfig``; input/output sizes come from the task) + ``train``.
 Unknown keys fail with the list of valid keys at that level.
 """
 
@@ -22,14 +22,14 @@ import yaml
 
 from hyla.models import TransformerConfig
 from hyla.tasks import REGISTRY, task_entry
-from hyla.textio import FileFormatError, read_yaml, yaml_error_text
+from hyla.textio import FileFormatError, load_yaml, read_yaml, yaml_error_text
 
 #: ``data.task`` when a config names none
 DEFAULT_TASK = "sraven"
 
 
 class _Unset:
-    """A ``data.*`` key the config did not give: :func:`data_config_class` fills it from the task's options."""
+    """A ``data.*`` key the config did not give: ``data_config_class`` fills it from the task's options."""
 
     def __repr__(self) -> str:
         return "<unset>"
@@ -40,7 +40,7 @@ _DATA_CLASSES: dict[tuple[tuple[str, type], ...], type] = {}
 
 
 def data_config_class() -> type:
-    """``DataConfig``, the ``data`` section of the registered tasks (:data:`hyla.tasks.REGISTRY`, rebuilt
+    """``DataConfig``, the ``data`` section of the registered tasks (``hyla.tasks.REGISTRY``, rebuilt
     when a task registers): ``task``, ``split_seed``, then every registered task's options.
 
     A key the config leaves out takes the default of ``data.task``'s own options dataclass, so each task
@@ -128,6 +128,28 @@ RETIRED_STACK_FORWARDS = ("threads",)
 WEIGHT_DECAY_MASKS: tuple[str, ...] = ("ndim", "authors")
 #: ``train.cosine_end`` values: the step at which the cosine reaches its floor (hyla.train.optim.lr_at)
 COSINE_ENDS: tuple[str, ...] = ("steps", "steps_minus_warmup")
+#: ``model.*`` sizes that must be >= 1 (``input_dim`` and ``vocab_size`` also when the task leaves them unset)
+MODEL_SIZES: tuple[str, ...] = (
+    "output_dim",
+    "input_dim",
+    "vocab_size",
+    "emb_dim",
+    "num_layers",
+    "num_heads",
+    "qk_dim",
+    "v_dim",
+    "mlp_dim",
+)
+#: what ``--device`` may name: a device type, or a CUDA device by its index
+DEVICES = "cpu, cuda, cuda:N (N a GPU index), mps"
+
+
+def check_device_name(device: str) -> None:
+    """Refuse a ``--device`` that names no device this suite trains on (``tpu``), naming the allowed values."""
+    kind, _, index = device.partition(":")
+    if device in ("cpu", "cuda", "mps") or (kind == "cuda" and index.isdigit()):
+        return
+    raise ValueError(f"--device {device!r} is not valid; allowed values: {DEVICES}")
 
 
 @dataclass
@@ -164,8 +186,9 @@ class ExperimentConfig:
         ):
             if getattr(t, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-        if not t.warmup_steps >= 0:
-            raise ValueError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+        for name in ("warmup_steps", "weight_decay", "moe_aux_weight"):  # `not >=`: a NaN fails too
+            if not getattr(t, name) >= 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(t, name)}")
         if not t.lr > 0:
             raise ValueError(f"train.lr must be > 0, got {t.lr}")
         if t.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
@@ -193,6 +216,12 @@ class ExperimentConfig:
                 f"train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide train.batch_size={t.batch_size}"
             )
         model = self.model
+        for name in MODEL_SIZES:  # None: the task sets it
+            value = getattr(model, name)
+            if value is not None and value < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {value}")
+        if not 0 <= model.attention_dropout < 1:
+            raise ValueError(f"model.attention_dropout must be in [0, 1), got {model.attention_dropout}")
         if model.input_dim is None and model.vocab_size is None:  # the task sets its sizes: check the rest now
             tokens = task_entry(self.data.task).task.token_inputs
             sizes = {"vocab_size": 2, "output_dim": 2} if tokens else {"input_dim": 1}
@@ -265,7 +294,7 @@ def parse_override_value(item: str, raw: str) -> Any:
     if raw == "":
         return ""
     try:
-        return yaml.safe_load(raw)
+        return load_yaml(raw)
     except yaml.YAMLError as err:
         raise ValueError(
             f"override {item!r}: its value is not valid YAML, {yaml_error_text(err)}; quote it to pass a string"
@@ -289,10 +318,21 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], extra: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``extra`` laid over ``base``, section by section. A section (a mapping) replaced by a value, or a value
+    by a section, is an error naming the key: ``train: 5`` over a base's ``train: {...}`` would silently drop
+    the base's section (and an override ``train.lr=...`` then starts a new one)."""
     out = dict(base)
     for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        if k in out and isinstance(out[k], dict) and not isinstance(v, dict):
+            first = next(iter(out[k]), "key")
+            raise ValueError(
+                f"{prefix}{k} is a section (keys like {prefix}{k}.{first}), got the value {v!r}; give its keys as a "
+                f"mapping, e.g. {k}: {{{first}: ...}}"
+            )
+        if k in out and isinstance(v, dict) and not isinstance(out[k], dict) and out[k] is not None:
+            raise ValueError(f"{prefix}{k} is a value ({out[k]!r}), not a section; got the mapping {v!r}")
+        out[k] = _merge(out[k], v, f"{prefix}{k}.") if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -332,18 +372,33 @@ def read_config_values(name_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[
     values = read_yaml(path) or {}
     if not isinstance(values, dict):
         raise FileFormatError(f"{path}: the top level of a config must be a mapping of sections like train: {{...}}")
+    for key, annotation in _field_types(ExperimentConfig).items():
+        if key in values and dataclasses.is_dataclass(annotation) and not isinstance(values[key], dict):
+            raise FileFormatError(
+                f"{path}: {key} is a section, got the value {values[key]!r}; give its keys as a mapping, e.g. "
+                f"{key}: {{{dataclasses.fields(annotation)[0].name}: ...}}"
+            )
     base = values.pop("base", None)
     if base is None:
         return values
     if not isinstance(base, str):
         raise FileFormatError(f"{path}: base must name a config file (e.g. base: fuzzy_logic.yaml), got {base!r}")
     base_path = path.parent / base if (path.parent / base).is_file() else base
-    return _merge(read_config_values(str(base_path), (*_seen, path)), values)
+    base_values = read_config_values(str(base_path), (*_seen, path))
+    try:
+        return _merge(base_values, values)
+    except ValueError as err:  # a section replaced by a value: this file's doing, not its base's
+        raise FileFormatError(f"{path}: {err}") from err
 
 
 def config_with_overrides(values: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
     """A config from a mapping (a YAML file's, a checkpoint's) with ``KEY=VALUE`` overrides laid over it."""
-    return config_from_dict(_merge(values, parse_overrides(overrides or [])))
+    tree = parse_overrides(overrides or [])
+    try:
+        merged = _merge(values, tree)
+    except ValueError as err:  # e.g. a key set inside a value: the overrides' doing
+        raise ValueError(f"overrides: {err}") from err
+    return config_from_dict(merged)
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -1,8 +1,8 @@
 """The training shell: one loop over R runs (R = 1 for a lone run), driving an engine.
 
-:class:`Trainer` owns, once for both run shapes: the loop, evaluation, metric flushing, logging, the
-non-finite check, checkpoints (save, resume) and signals. The engine (:mod:`hyla.train.lone` or
-:mod:`hyla.train.stacked`, both a :class:`~hyla.train.engine.Engine`) owns the models, the step
+``Trainer`` owns, once for both run shapes: the loop, evaluation, metric flushing, logging, the
+non-finite check, checkpoints (save, resume) and signals. The engine (``hyla.train.lone`` or
+``hyla.train.stacked``, both a ``Engine``) owns the models, the step
 and the optimizer. ``self.step`` follows the engine's convention: the number of updates made.
 
 Determinism contract: with the same config, a run interrupted by ``--stop-at-step`` (or a signal)
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from hyla.runtime import tensorboard_installed
 from hyla.train.checkpoint import (
     CheckpointError,
     TrainingState,
@@ -32,6 +33,7 @@ from hyla.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     load_weights,
+    remove_interrupted_writes,
     save_checkpoint,
     save_weights,
 )
@@ -67,14 +69,19 @@ ENGINES = ("auto", "lone", "stacked")
 
 
 def resume_differences(saved: dict[str, Any], cfg: ExperimentConfig) -> list[str]:
-    """What differs between a checkpoint's config and ``cfg``, beyond :data:`RESUMABLE_CHANGES`. A key the
+    """What differs between a checkpoint's config and ``cfg``, beyond ``RESUMABLE_CHANGES``. A key the
     checkpoint lacks (written before the option existed) counts as that option's default."""
     saved = _merge(ExperimentConfig().to_dict(), saved)
     return [d for d in config_differences(saved, cfg.to_dict()) if not d.startswith(RESUMABLE_CHANGES)]
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """A loss became NaN/inf. ``bad``: (run index, step) of each run it did so in; ``bf16``: whether one of them
+    trained in bf16 (what the commands' advice names)."""
+
+    def __init__(self, message: str, bad: list[tuple[int, int]] | None = None, bf16: bool = False) -> None:
+        super().__init__(message)
+        self.bad, self.bf16 = bad or [], bf16
 
 
 class Interrupted(Exception):
@@ -94,7 +101,7 @@ class Run:
 
 
 def make_engine(cfgs: list[ExperimentConfig], outs: list[Path], engine: str, device: str) -> Engine:
-    """``lone`` (one run), ``stacked`` (R >= 1 runs in one process) or ``auto`` (:func:`engine_for`)."""
+    """``lone`` (one run), ``stacked`` (R >= 1 runs in one process) or ``auto`` (``engine_for``)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not valid; allowed values: {', '.join(ENGINES)}")
     if engine == "auto":
@@ -115,7 +122,7 @@ class Trainer:
 
     ``stop_at_step`` stops with a checkpoint at that step; so does passing ``deadline`` (a
     ``time.monotonic()`` value, set after construction) or ``stop_requested`` (a callable asked after
-    every step, e.g. a sweep worker's stop event); SIGINT / SIGTERM save and raise :class:`Interrupted`.
+    every step, e.g. a sweep worker's stop event); SIGINT / SIGTERM save and raise ``Interrupted``.
     """
 
     def __init__(
@@ -147,7 +154,7 @@ class Trainer:
         self.steps_since_log = 0
         self.progress = progress and not quiet and self.dist.is_main
         self._prepare_run_dirs(resume)
-        if self.dist.is_main:
+        if self.dist.is_main and tensorboard_installed(quiet):
             from torch.utils.tensorboard import SummaryWriter
 
             for run in self.runs:
@@ -159,6 +166,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- run directories and checkpoints
     def _prepare_run_dirs(self, resume: bool) -> None:
+        for run in self.runs if self.dist.is_main else ():  # what a killed write left (its writer holds no lock now)
+            remove_interrupted_writes(run.out)
         ckpts = [check_new_or_resumable(run.out, resume) for run in self.runs]
         if resume:
             self._restore([load_checkpoint(c) for c in ckpts if c is not None])
@@ -239,24 +248,25 @@ class Trainer:
         if not self.dist.is_main:
             return
         append_metrics(run.out, step, split, values)
-        for k, v in values.items():
+        for k, v in values.items() if run.writer is not None else ():
             run.writer.add_scalar(f"{split}/{k}", v, step)
 
     def check_finite(self) -> None:
-        """Raise :class:`NonFiniteLossError` if a run's loss was NaN/inf (reads the device)."""
+        """Raise ``NonFiniteLossError`` if a run's loss was NaN/inf (reads the device)."""
         bad = self.engine.sums.bad_runs()
         if not bad:
             return
         kept = latest_checkpoint(self.runs[bad[0][0]].out) or "none yet"
-        hint = "lower train.lr or try train.bf16=false"
+        bf16 = any(self.runs[r].cfg.train.bf16 for r, _ in bad)  # the advice (the commands') follows what applies
         if self.num_runs == 1:
-            raise NonFiniteLossError(
-                f"loss became NaN/inf at step {bad[0][1]}; stopped. The last good checkpoint ({kept}) is kept; {hint}"
-            )
+            message = f"loss became NaN/inf at step {bad[0][1]}; stopped. The last good checkpoint ({kept}) is kept"
+            raise NonFiniteLossError(message, bad, bf16)
         where = ", ".join(f"{self.runs[r].cfg.name} (step {s})" for r, s in bad)
         raise NonFiniteLossError(
             f"loss became NaN/inf in {where}; stopped all {self.num_runs} stacked runs. The last good "
-            f"checkpoints ({kept}, ...) are kept; {hint}"
+            f"checkpoints ({kept}, ...) are kept",
+            bad,
+            bf16,
         )
 
     def _flush_train_metrics(self) -> list[dict[str, float]]:

@@ -4,7 +4,7 @@ and generation.
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one ``{"step", "split", ...}`` line
 per record), ``made_by.jsonl`` (one line per piece of training, written by ``hyla sweep``), ``tb/``
-(TensorBoard), ``checkpoints/`` (:mod:`hyla.train.checkpoint`). The lone and the stacked trainer both
+(TensorBoard), ``checkpoints/`` (``hyla.train.checkpoint``). The lone and the stacked trainer both
 write through here, so their run directories are the same format.
 """
 
@@ -65,7 +65,7 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
 
 
 def has_record(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds a run's record: its ``config.yaml`` and its metrics (what :func:`read_run` reads)."""
+    """Whether ``run_dir`` holds a run's record: its ``config.yaml`` and its metrics (what ``read_run`` reads)."""
     run_dir = Path(run_dir)
     return (run_dir / "config.yaml").is_file() and (run_dir / METRICS).is_file()
 
@@ -115,13 +115,13 @@ def read_pieces(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def has_trained_weights(run_dir: str | Path) -> bool:
-    """Whether :func:`load_trained` finds weights in ``run_dir`` (final ones or a checkpoint)."""
+    """Whether ``load_trained`` finds weights in ``run_dir`` (final ones or a checkpoint)."""
     run_dir = Path(run_dir)
     return (run_dir / FINAL_WEIGHTS).is_file() or latest_checkpoint(run_dir) is not None
 
 
 class TrainedRun(NamedTuple):
-    """A run directory's trained model, as :func:`load_trained` reads it."""
+    """A run directory's trained model, as ``load_trained`` reads it."""
 
     #: the run directory it was read from
     path: Path

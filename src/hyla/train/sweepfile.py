@@ -24,10 +24,10 @@ overrides), so ``hyla-lr0.001-weight_decay0.1-seed0`` stays the run at the confi
 warmup to its grid, and ``hyla-lr0.001-weight_decay0.1-warmup_steps3000-seed0`` is the new one.
 ``--where KEY=V`` on a row's own axis keeps the other rows' runs whose own value of KEY is V.
 
-``hyla sweep`` (:mod:`hyla.sweep`) trains them; ``hyla report --paper`` and ``hyla demo`` read them with
+``hyla sweep`` (``hyla.sweep``) trains them; ``hyla report --paper`` and ``hyla demo`` read them with
 their records. The reader lives here, below the analysis layer, rather than in the top-level
-:mod:`hyla.sweep` package, because the analysis reads sweep files and nothing below the commands may
-import them. The run directories' states are :mod:`hyla.train.rundir`'s.
+``hyla.sweep`` package, because the analysis reads sweep files and nothing below the commands may
+import them. The run directories' states are ``hyla.train.rundir``'s.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
-    #: every run's config by run name, loaded once by :func:`check_run_configs` and passed down to training
+    #: every run's config by run name, loaded once by ``check_run_configs`` and passed down to training
     configs: dict[str, ExperimentConfig] = field(default_factory=dict, repr=False, compare=False)
 
     def override(self, items: list[str]) -> None:
@@ -241,8 +241,14 @@ def load_sweep(name_or_path: str) -> Sweep:
             f"{path}: config (the base config of the runs: a packaged config name or a YAML path) is missing, and "
             f"row {without_config[0]} names none of its own; add e.g. 'config: sraven'"
         )
+    name = path.stem if spec.get("name") is None else str(spec["name"])
+    if not is_one_path_component(name):
+        raise ValueError(
+            f"{path}: name {name!r} must be one folder name (the records go to --root/NAME): not empty, no '/', "
+            "not '.' or '..'"
+        )
     sweep = Sweep(
-        name=str(spec.get("name") or path.stem),
+        name=name,
         config=str(spec.get("config") or ""),
         rows={str(k): v for k, v in rows.items()},
         grid=grid,
@@ -256,8 +262,14 @@ def load_sweep(name_or_path: str) -> Sweep:
     return sweep
 
 
+def is_one_path_component(name: str) -> bool:
+    """Whether ``name`` names one folder inside another: a sweep's or a run's records cannot land outside
+    ``--root``."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def check_slurm(values: Any, source: str) -> dict[str, Any]:
-    """``values`` if it maps :data:`SLURM_KEYS` to values of their kind; else a ValueError naming ``source``."""
+    """``values`` if it maps ``SLURM_KEYS`` to values of their kind; else a ValueError naming ``source``."""
     if not isinstance(values, dict):
         raise ValueError(f"{source} must map keys to values, e.g. {{partition: gpu, time: 240}}")
     for key, value in values.items():
@@ -280,6 +292,10 @@ def check_run_configs(sweep: Sweep, source: str) -> None:
     except ValueError as err:  # a row's grid key that its config lacks
         raise ValueError(f"{source}: {err}") from err
     for run in runs:
+        if not is_one_path_component(run.name):  # a row or a grid value with a '/' would nest or escape it
+            raise ValueError(
+                f"{source}: run {run.name!r} is not one folder name (no '/'); rename its row or grid values"
+            )
         if run.name in configs:  # two runs in one directory would resume each other's checkpoints
             raise ValueError(f"{source}: two runs are named {run.name}; give the grid values that differ")
         try:
