@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from hyla.attention import functional as fn
+from hyla.attention.attend import attend
 from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
 
 __all__ = ["attention"]
@@ -112,7 +113,7 @@ def attention(
         q = q if factor == 1.0 else q * factor
     drops = training and dropout_p > 0
     keep = fn.dropout_keep_mask(nq, nk, dropout_p, q.device) if drops else None
-    y, _ = fn.attend(
+    y, _ = attend(
         q,
         k,
         v,

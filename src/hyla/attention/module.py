@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from hyla.attention import functional as fn
+from hyla.attention.attend import DirectFormHooks, attend
 from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
 from hyla.attention.functional import causal_mask
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
@@ -368,7 +369,7 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         # drawn before anything else uses the generator, the same mask whichever form runs
         keep = fn.dropout_keep_mask(q.shape[2], k.shape[2], self.dropout, q.device) if self._drops else None
-        return fn.attend(
+        return attend(
             q,
             k,
             v,
@@ -381,7 +382,7 @@ class Attention(nn.Module):
             dropout=self.dropout,
             dropout_keep_11xQxK=keep,
             direct_form=self._uses_direct_form(need_latent),
-            hooks=fn.DirectFormHooks(self.hook_scores, self.hook_latent, self.hook_hidden),
+            hooks=DirectFormHooks(self.hook_scores, self.hook_latent, self.hook_hidden),
         )
 
     # ------------------------------------------------------------------ the hypernetwork view
