@@ -227,7 +227,7 @@ def write_report(
     first_steps_beside_records(out / "demo.png", runs, recs, yours, steps, SPLIT, METRIC)
     leader = lead(yours)
     ranked = ", ".join(f"{v} {100 * yours[v]:.1f}" for v in sorted(yours, key=yours.__getitem__, reverse=True))
-    summary = [f"At step {steps} on this machine, {leader} leads on {SPLIT} {METRIC} ({ranked})."]
+    summary = [f"At step {steps:,} on this machine, {leader} leads on {SPLIT} {METRIC} ({ranked})."]
     if len(end) == len(records):
         winner = lead(end)
         since = first_lasting_lead(recs, winner)
@@ -283,7 +283,7 @@ steps. Equal steps mean this machine computes what the record's did, bit for bit
 (another CPU, or code changed since the record) makes them drift apart slowly, and the max relative
 difference says how far. "yours": evaluated on {eval_size:,} problems per split; the records evaluate on
 their own schedule (every {recs[next(iter(recs))].config["train"]["eval_every"]:,} steps). One seed: the
-paper's table averages three, and at step 5,000 the records' seeds 1 and 2 differ by up to 7 points.
+paper's table averages three, and early in the schedule another seed may rank the variants otherwise.
 
 ![training loss and OOD](demo.png)
 """
