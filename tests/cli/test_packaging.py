@@ -123,7 +123,7 @@ def test_the_installed_commands_run_from_another_folder(venv: Path, tmp_path: Pa
     run_in(venv, tmp_path, hyla, "train", "fuzzy_logic", *TINY, "--out", "runs/fuzzy")
     emitted = run_in(venv, tmp_path, hyla, "sweep", "table_a1_fuzzy", "--emit-commands").splitlines()
     assert len(emitted) == 144 and all(line.startswith("hyla train fuzzy_logic") for line in emitted)
-    assert "--out lab/runs/table_a1_fuzzy/softmax-lr0.001-weight_decay0.1-seed0" in emitted[0]
+    assert "--out results/sweeps/table_a1_fuzzy/softmax-lr0.001-weight_decay0.1-seed0" in emitted[0]
     code = (
         "import hyla, torch; run = hyla.load('runs/fuzzy'); "
         "print(hyla.__file__); print(run.weights, run.step, run.config.data.task)"
