@@ -296,3 +296,22 @@ def test_a_lost_latest_pointer_gets_the_same_advice_from_resume_and_a_plain_star
     assert f"checkpoints/step-000000008 is intact: to resume from it, point {latest} at it" in lines[0]
     with pytest.raises(CheckpointError, match="is missing"):
         latest_checkpoint(stopped)
+
+
+def test_a_full_disk_under_a_sweep_is_one_line_and_the_sweep_continues_after(
+    tmp_path: Path, full_disk: Callable[..., None], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from tiny import write_sweep
+
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    assert main(["sweep", str(path), "--root", str(tmp_path / "whole")]) == 0
+    full_disk(lambda p, data: p.parent.name == ".step-000000008.tmp")
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "step 4" in err
+    monkeypatch.undo()  # the disk is fixed
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r")]) == 0
+    run = next((tmp_path / "whole" / "tiny").iterdir()).name
+    whole, after = (tmp_path / d / "tiny" / run / "metrics.jsonl" for d in ("whole", "r"))
+    assert after.read_bytes() == whole.read_bytes()

@@ -166,7 +166,8 @@ def _train(
     t_start: float,
 ) -> int:
     """Train ``groups`` (the ``pending`` of ``selected`` runs; failed ones ``skipped``); the exit code."""
-    from hyla.train.checkpoint import CheckpointError
+    from hyla.textio import DISK_FAULTS
+    from hyla.train.checkpoint import CheckpointError, checkpoint_write_failure
     from hyla.train.cli import failure_exit_code
     from hyla.train.loop import Interrupted, NonFiniteLossError
 
@@ -181,6 +182,13 @@ def _train(
         finished, failed_now = err.finished, err.failed
     except (ValueError, CheckpointError, NonFiniteLossError, Interrupted) as err:
         return failure_exit_code("hyla sweep", err, "(checkpoints saved); run the same command to continue")
+    except OSError as err:  # a full or read-only disk under --root: the atomic writes left the records intact
+        if err.errno not in DISK_FAULTS:
+            raise
+        again = "the same command"  # a sweep resumes its runs by itself
+        line = checkpoint_write_failure(err, [root / s.name for s in pending], fresh=f"run {again}", resume=again)
+        print(f"hyla sweep: error: {line}", file=sys.stderr)
+        return 2
     left = len(pending) - len(finished) - len(failed_now)
     out_of_time = deadline is not None and time.monotonic() >= deadline
     print(

@@ -244,22 +244,27 @@ def load_checkpoint(path: Path) -> TrainingState:
     return TrainingState(step, config, model, optimizer, rng, meta.get("extra", {}))
 
 
-def checkpoint_write_failure(err: OSError, run_dirs: list[Path]) -> str:
+def checkpoint_write_failure(
+    err: OSError, run_dirs: list[Path], fresh: str = "start the run again in a fresh --out", resume: str = "--resume"
+) -> str:
     """One line for a write of the runs ``run_dirs`` that failed (a full or read-only disk): what failed, and
-    what is intact (the atomic writes leave every earlier checkpoint so) and how to go on."""
+    what is intact (the atomic writes leave every earlier checkpoint so) and how to go on (``fresh``: with no
+    checkpoint yet; else continue with ``resume``)."""
     try:
         steps = sorted({checkpoint_step(Path(r)) or 0 for r in run_dirs})
     except CheckpointError:
         steps = []
     if steps == [0]:
-        kept = "no checkpoint was written yet: once the disk is fixed, start the run again in a fresh --out"
+        kept = f"no checkpoint was written yet: once the disk is fixed, {fresh}"
     elif len(steps) == 1:
         kept = (
             f"the records up to step {steps[0]} (the last checkpoint) are intact: once the disk is fixed (space "
-            "freed, write permission given), continue with --resume"
+            f"freed, write permission given), continue with {resume}"
         )
     else:
-        kept = "the records up to each run's last checkpoint are intact: once the disk is fixed, continue with --resume"
+        kept = (
+            f"the records up to each run's last checkpoint are intact: once the disk is fixed, continue with {resume}"
+        )
     # a write that names no file (one not made by hyla.textio's writers) happened in a run directory
     where = "" if err.filename is not None else f" writing in {', '.join(str(r) for r in run_dirs)}"
     return f"{write_failure(err)}{where}; {kept}"
