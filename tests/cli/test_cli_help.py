@@ -93,3 +93,21 @@ def test_hyla_data_writes_with_the_process_umask(tmp_path) -> None:
     finally:
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_config_is_found_by_either_spelling() -> None:
+    from hyla.train.config import load_config
+
+    assert load_config("fuzzy-logic", []).to_dict() == load_config("fuzzy_logic", []).to_dict()
+
+
+def test_an_evaluation_is_announced_before_it_runs(tmp_path, capsys) -> None:
+    """A paper config's final evaluation takes minutes on a CPU: a line says so before it starts."""
+    from hyla.cli import main
+    from tiny import tiny_overrides
+
+    args = [*tiny_overrides(steps=2, every=2), "train.eval_size=48"]
+    assert main(["train", "fuzzy_logic", *args, "--out", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("step 2:") and "48" in line for line in lines)  # eval_size, before the results
+    assert '"split": "ood"' in (tmp_path / "run" / "metrics.jsonl").read_text()

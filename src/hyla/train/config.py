@@ -352,7 +352,8 @@ def packaged_yaml(name_or_path: str, folder: Path, what: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
-    candidate = folder / (name_or_path if name_or_path.endswith(".yaml") else name_or_path + ".yaml")
+    name = name_or_path.replace("-", "_")  # one spelling everywhere: `hyla data fuzzy-logic` is `fuzzy_logic` here
+    candidate = folder / (name if name.endswith(".yaml") else name + ".yaml")
     if candidate.is_file():
         return candidate
     available = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []

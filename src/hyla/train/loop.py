@@ -411,6 +411,10 @@ class Trainer:
         self._say(f"step {s}/{self.target_step} {line}")
 
     def _log_evaluation(self, s: int, bar: Any) -> list[dict[str, dict[str, float]]]:
+        if not self.quiet and self.dist.is_main:  # a large evaluation takes minutes on a CPU: said, not a stall
+            (bar.write if bar is not None else print)(
+                f"step {s}: evaluating {self.cfg.train.eval_size:,} problems a split"
+            )
         results = self.evaluate()
         for run, res in zip(self.runs, results):
             for split, values in res.items():
