@@ -2,7 +2,8 @@
 
 ``results.md`` is the lab's index (``lab/README.md``, made by ``python lab/index.py``): every table and figure
 the reproduction measured, with its claim, command, machine and date. ``paper.md`` is ``lab/paper.md`` (made by
-``python lab/paper.py`` from the run records) with its figures (``lab/paper/``). The index links files of the
+``python lab/paper.py`` from the run records) with its figures (``lab/paper/``), and ``findings.md`` the lab's
+findings it links. The index links files of the
 lab tree that are not pages of the site: on the site those links become the paths they name.
 """
 
@@ -15,8 +16,8 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 LAB = Path(__file__).resolve().parents[2] / "lab"
-#: the site path of the index page and of the paper page; the figures keep paper.md's relative links
-PAGE, PAPER = "results.md", "paper.md"
+#: the site paths of the index page, the paper page and the findings it links; the figures keep paper.md's links
+PAGE, PAPER, FINDINGS = "results.md", "paper.md", "findings.md"
 #: a Markdown link ``[text](target)`` whose target is not a site page of ours
 LINK = re.compile(r"\[([^\]]+)\]\((?!https?://)([^)#]+)\)")
 
@@ -24,7 +25,8 @@ LINK = re.compile(r"\[([^\]]+)\]\((?!https?://)([^)#]+)\)")
 def results_sources() -> dict[str, Path]:
     """Site path -> file in ``lab/``: the index, the paper page and every figure the paper page may link to."""
     figures = sorted((LAB / "paper").glob("*.png"))
-    return {PAGE: LAB / "README.md", PAPER: LAB / "paper.md", **{f"paper/{p.name}": p for p in figures}}
+    pages = {PAGE: LAB / "README.md", PAPER: LAB / "paper.md", FINDINGS: LAB / "findings.md"}
+    return {**pages, **{f"paper/{p.name}": p for p in figures}}
 
 
 def lab_links_as_paths(markdown: str) -> str:
@@ -32,7 +34,7 @@ def lab_links_as_paths(markdown: str) -> str:
 
     def shown(match: re.Match[str]) -> str:
         text, target = match.groups()
-        return f"[{text}]({PAPER})" if target == PAPER else f"{text} (`lab/{target}`)"
+        return f"[{text}]({target})" if target in (PAPER, FINDINGS) else f"{text} (`lab/{target}`)"
 
     return LINK.sub(shown, markdown)
 
@@ -44,4 +46,4 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    return lab_links_as_paths(markdown) if page.file.src_uri == PAGE else markdown
+    return lab_links_as_paths(markdown) if page.file.src_uri in (PAGE, FINDINGS) else markdown
