@@ -14,7 +14,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,analysis,tensorboard,text,sweep,docs]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,analysis,tensorboard,text,sweep,docs,huggingface]"
 	touch $(STAMP)
 
 # Triton (about 1 GB) only for the kernel tests, which run it under its interpreter on a CPU

@@ -1,0 +1,1 @@
+"""hyla inside other libraries' models: ``hyla.integrations.huggingface`` (an ``attn_implementation``)."""
