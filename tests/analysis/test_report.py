@@ -138,6 +138,7 @@ def trained_runs(tmp_path_factory) -> list[Path]:
     return runs
 
 
+@pytest.mark.slow
 def test_report_on_trained_runs_with_latent_section(trained_runs: list[Path], tmp_path: Path, quick_tsne: None) -> None:
     out = tmp_path / "report"
     args = ["report", *map(str, trained_runs), "--out", str(out), "--latents", "32", "--permutations", "10"]

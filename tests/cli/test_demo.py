@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hyla.cli import main
@@ -32,6 +33,7 @@ def tiny_paper_sweep(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_demo_trains_the_first_steps_and_compares_them_with_the_records(tmp_path: Path, capsys) -> None:
     sweep = tiny_paper_sweep(tmp_path)
     out = tmp_path / "demo"

@@ -38,7 +38,7 @@ def hyla_attention_forward(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """The ``AttentionInterface`` function: ``B x H x Q x E`` queries, ``B x G x K x E`` keys and values, a bool
-    mask (True = attend, from :func:`register`'s mask function) -> ``B x Q x H x D`` and no weights."""
+    mask (True = attend) or None (then causal if the module is) -> ``B x Q x H x D`` and no weights."""
     from hyla.functional import attention as hyla_attention
 
     groups = getattr(module, "num_key_value_groups", 1)
