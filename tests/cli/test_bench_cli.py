@@ -123,6 +123,7 @@ def test_bench_train_writes_lone_and_stacked_figures(tmp_path: Path) -> None:
 @pytest.mark.kernel
 def test_bench_attention_runs_the_fused_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """With TRITON_INTERPRET=1 (set by ``make test`` for kernel tests) the fused row is measured."""
+    pytest.importorskip("triton", reason="triton is not installed (make test-kernel installs it)")
     out = tmp_path / "att.json"
     argv = ["bench", "attention", "--seq-lens", "20", "--batch-tokens", "20", "--heads", "2", "--head-dim", "4"]
     assert main([*argv, "--repeats", "1", "--variants", "hyla_fused,hyla_chunked", "--json", str(out)]) == 0
