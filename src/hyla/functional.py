@@ -104,9 +104,7 @@ def attention(
         bias = _checked_bias(bias, shape, q.dtype)
     mask = fn.causal_mask(nq, nk, q.device) if is_causal else None
     if attn_mask is not None:
-        mask, mask_bias = fn.mask_and_bias(attn_mask, config.normalization, shape, q.dtype)
-        if mask_bias is not None:
-            bias = mask_bias if bias is None else bias + mask_bias
+        mask, bias = fn.mask_and_bias(attn_mask, config.normalization, shape, q.dtype, bias)
     if scale is not None:
         # every backend scales by 1 / sqrt(E) itself: folded into q, the default keeps their exact arithmetic
         factor = scale * math.sqrt(q.shape[3])

@@ -198,10 +198,15 @@ def _broadcasts_to(shape: torch.Size, target: tuple[int, ...]) -> bool:
 
 
 def mask_and_bias(
-    attn_mask: Tensor, normalization: str, shape_BxHxQxK: tuple[int, int, int, int], dtype: torch.dtype
+    attn_mask: Tensor,
+    normalization: str,
+    shape_BxHxQxK: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """What a ``scaled_dot_product_attention``-style ``attn_mask`` means here: ``(mask, bias)``, a bool mask
-    (True = may attend) and an additive score bias in ``dtype`` or None, both broadcastable to ``shape_BxHxQxK``.
+    (True = may attend) and the additive score bias ``bias`` with the mask's own bias added (in ``dtype``), or
+    None when neither holds one, both broadcastable to ``shape_BxHxQxK``.
 
     A bool ``attn_mask`` is the mask. A float one is added to the scores, as SDPA adds it, except that an entry
     that must remove its key does so exactly: ``-inf`` for every variant (so a query whose keys are all
@@ -216,6 +221,7 @@ def mask_and_bias(
         normalization: the variant's normalization (``softmax``, ``none``, ``rms_head``).
         shape_BxHxQxK: the scores' shape.
         dtype: the scores' dtype, which the bias takes.
+        bias: a score bias the caller already has, or None.
 
     Returns:
         The bool mask and the bias (None when the mask holds no bias).
@@ -233,7 +239,7 @@ def mask_and_bias(
             f"got {tuple(attn_mask.shape)}"
         )
     if attn_mask.dtype == torch.bool:
-        return attn_mask, None
+        return attn_mask, bias
     if normalization == "softmax":
         not_attended = torch.isneginf(attn_mask)
     else:  # the limit in the mask's own dtype: -1e4 in bfloat16 is -9984
@@ -243,9 +249,10 @@ def mask_and_bias(
     # a mask that asks for its gradient (SDPA gives one) as a bias
     wants_grad = normalization == "softmax" and attn_mask.requires_grad
     if not wants_grad and bool((not_attended | (attn_mask == 0)).all()):
-        return ~not_attended, None
+        return ~not_attended, bias
     if normalization == "softmax":
-        return ~not_attended, attn_mask.masked_fill(not_attended, 0.0).to(dtype)
+        mask_bias = attn_mask.masked_fill(not_attended, 0.0).to(dtype)
+        return ~not_attended, mask_bias if bias is None else bias + mask_bias
     raise ValueError(
         f"attn_mask: normalization={normalization!r} has no softmax over keys, so a float mask must hold only 0 "
         f"(attend) and values <= {NOT_ATTENDED_AT_OR_BELOW:g} or -inf (not attended); pass score biases as bias"

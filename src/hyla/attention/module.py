@@ -341,14 +341,12 @@ class Attention(nn.Module):
             key_mask = _from_key_padding_mask(key_mask, key_padding_mask, b, nk)
         if cache is not None and key_mask is not None and key_mask.shape[-1] != nk:
             raise ValueError("with a cache, key_mask must cover all cached keys (batch, cache length)")
-        pair_mask, mask_bias = None, None
+        bias = self.score_bias(nq, nk, q_offset, attn_bias)
+        pair_mask = None
         if attn_mask is not None:
-            pair_mask, mask_bias = fn.mask_and_bias(attn_mask, self.config.normalization, (b, h, nq, nk), q.dtype)
+            pair_mask, bias = fn.mask_and_bias(attn_mask, self.config.normalization, (b, h, nq, nk), q.dtype, bias)
         # with a causal cache the offset already encodes the query positions
         mask = self.build_mask(b, nq, nk, q_offset, device=q.device, key_mask_BxK=key_mask, attn_mask=pair_mask)
-        bias = self.score_bias(nq, nk, q_offset, attn_bias)
-        if mask_bias is not None:
-            bias = mask_bias if bias is None else bias + mask_bias
         y_BxHxQxD, a = self._attend(q, k, v, mask, bias, need_latent=return_latent)
         y_BxHxQxD = self.hook_heads(y_BxHxQxD)
         out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))

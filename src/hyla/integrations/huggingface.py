@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from hyla.attention.config import AttentionConfig
+from hyla.attention.functional import causal_mask
 
 
 def repeat_heads(x_BxGxTxE: Tensor, groups: int) -> Tensor:
@@ -48,7 +48,7 @@ def hyla_attention_forward(
     elif kwargs.get("is_causal", getattr(module, "is_causal", False)):
         # transformers leaves out a purely causal mask (SDPA's shortcut); its queries are the last ones of the keys
         nq, nk = query.shape[2], key.shape[2]
-        attention_mask = torch.ones(nq, nk, dtype=torch.bool, device=query.device).tril(diagonal=nk - nq)
+        attention_mask = causal_mask(nq, nk, query.device, q_offset=nk - nq)
     y_BxHxQxD = hyla_attention(
         query,
         key,
