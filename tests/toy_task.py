@@ -1,12 +1,14 @@
 """A toy task defined outside ``hyla.tasks``: which of two features has the larger mean over the sequence.
 
-It shows what a new task is: one module (this one: the task and its options dataclass) and one
-registration (``register_task(ToyTask)``; in the library, one entry in ``hyla/tasks/__init__.py``).
+It shows what a new task is: one module (this one: the task, its options dataclass and what the rest of the
+library asks about it, ``TOY_FACTS``) and one registration (``register_task(ToyTask, **TOY_FACTS)``; in the
+library, one call in ``hyla/tasks/__init__.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,6 @@ class ToyTask(Task):
     primary_metric = "acc"
     eval_splits = ("test", "ood")
     num_output_positions = 1
-    export_help = "toy problems: inputs, targets"
 
     def __init__(
         self,
@@ -65,3 +66,8 @@ class ToyTask(Task):
         logits_BxO = outputs_BxTxO[:, -1]
         loss = F.cross_entropy(logits_BxO, batch.targets, reduction="none")
         return {"loss": loss, "acc": (logits_BxO.argmax(-1) == batch.targets).float()}
+
+
+#: its registry entry's facts (``hyla.tasks.entry.TaskEntry``): exported by ``hyla data toy``; no paper column,
+#: no latent-code probe
+TOY_FACTS: dict[str, Any] = {"export_help": "toy problems: inputs, targets"}

@@ -1,5 +1,5 @@
 """The tanh GELU alone on CPU: torch's (``F.gelu(approximate="tanh")`` and its backward) against the C kernel's
-(``hyla.attention.kernels.c.gelu``), with torch's erf GELU and ``exp`` of the same size beside them as the
+(``hyla.ops.gelu``), with torch's erf GELU and ``exp`` of the same size beside them as the
 yardstick of what an elementwise pass with one exponential costs here. ms a call, median over ``--calls``, sides
 alternating over ``--rounds``; the shape is a paper model's MLP hidden activation (default SRAVEN's, batch 128 x
 36 tokens x 256).
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hyla.attention.kernels.c import gelu as kernel
+from hyla.ops import gelu as kernel
 from hyla.runtime import tune_cpu_allocator
 
 
@@ -49,8 +49,8 @@ def main() -> None:
     cases: dict[str, Callable[[], object]] = {
         "torch tanh GELU forward": lambda: F.gelu(x, approximate="tanh"),
         "torch tanh GELU backward": lambda: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
-        "kernel tanh GELU forward": lambda: kernel._gelu_tanh_cpu(x),
-        "kernel tanh GELU backward": lambda: kernel._gelu_tanh_cpu_backward(x, dy),
+        "kernel tanh GELU forward": lambda: kernel.gelu_tanh_cpu_op(x),
+        "kernel tanh GELU backward": lambda: kernel.gelu_tanh_cpu_backward_op(x, dy),
         "torch erf GELU forward": lambda: F.gelu(x),
         "torch erf GELU backward": lambda: torch.ops.aten.gelu_backward(dy, x),
         "torch exp": lambda: torch.exp(x),

@@ -161,7 +161,7 @@ def _norm(model: Any) -> float:
 
 def import_init(args: argparse.Namespace) -> None:
     """Their initial draw (``authors_sraven_resumable.py --dump_init``) as our weights for ``train.init_weights``."""
-    from hyla.train.checkpoint import save_weights
+    from hyla.train.run.checkpoint import save_weights
 
     _, model = their_weights(args.their_init, args.variant)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,9 +173,9 @@ def import_run(args: argparse.Namespace) -> None:
     """Their trained params (``--dump_trained``) as a run directory of ours that ``hyla analyze`` reads:
     ``config.yaml`` (the paper config at their seed ``--seed``, with their held-out tasks:
     ``data.heldout_draw=authors``) and the final weights."""
-    from hyla.train.checkpoint import save_weights
     from hyla.train.config import dump_config
-    from hyla.train.rundir import FINAL_WEIGHTS
+    from hyla.train.run.checkpoint import save_weights
+    from hyla.train.run.folder import FINAL_WEIGHTS
 
     cfg, model = their_weights(args.their_init, args.variant, [f"seed={args.seed}", "data.heldout_draw=authors"])
     args.out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +189,7 @@ def ours(args: argparse.Namespace) -> None:
 
     from hyla.train.build import build_model, build_task
     from hyla.train.config import load_config
-    from hyla.train.rundir import load_trained, read_run
+    from hyla.train.run.folder import load_trained, read_run
 
     torch.set_num_threads(1)
     evaluated: dict[str, float] = {}
@@ -246,12 +246,12 @@ def our_updates(
     model: Transformer, task: Task, cfg: ExperimentConfig, start: int, steps: int, seed: int, layout: dict[str, int]
 ) -> dict[str, np.ndarray]:
     """``steps`` of our training updates from schedule step ``start`` (fresh AdamW moments, as after
-    :func:`~hyla.train.optim.build_optimizer`), in eval mode (attention dropout off: the one random part
+    :func:`~hyla.train.engines.optim.build_optimizer`), in eval mode (attention dropout off: the one random part
     of a step, whose draws cannot match across libraries), on ``train`` batches of the run's batch size.
     Returns the batches, the learning rate of every step of the schedule and the parameters after."""
     import torch
 
-    from hyla.train.optim import build_optimizer, lr_at
+    from hyla.train.engines.optim import build_optimizer, lr_at
 
     dtype = next(model.parameters()).dtype
     lrs = np.array([lr_at(s, cfg) for s in range(cfg.train.steps + 1)])

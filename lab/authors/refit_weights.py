@@ -59,13 +59,13 @@ from typing import Any
 
 import torch
 
-from hyla.attention.kernels.c.wrapper import MARCH_ENV
+from hyla.ops.clib import MARCH_ENV
 from hyla.sweep.cli import budget_deadline
 from hyla.sweep.groups import provenance
-from hyla.train.checkpoint import checkpoint_step, load_weights, save_weights
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Trainer
-from hyla.train.rundir import FINAL_WEIGHTS, read_run
+from hyla.train.run.checkpoint import checkpoint_step, load_weights, save_weights
+from hyla.train.run.folder import FINAL_WEIGHTS, read_run
 
 #: evaluations inside a ``--phase``: the same weights summed in another order (see the module docstring)
 EVAL_IN_PHASE_RTOL = 1e-5

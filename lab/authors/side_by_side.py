@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hyla.train.rundir import read_run
+from hyla.train.run.folder import read_run
 
 REPO = Path(__file__).resolve().parents[2]
 THEIR_SPLITS = {"test": "ood", "ood": "unseen_terms", "train": "train_batch"}

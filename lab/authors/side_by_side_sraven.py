@@ -50,7 +50,7 @@ from side_by_side import REPO, _git, authors_commit, machine, parse_authors_log
 
 from hyla.analysis.stats import first_reaching
 from hyla.tasks import task_entry
-from hyla.train.rundir import read_run
+from hyla.train.run.folder import read_run
 
 OURS_SWEEP = REPO / "lab/runs/table_a1_sraven"
 SIDE_BY_SIDE = REPO / "lab/tables/side_by_side"
@@ -248,7 +248,7 @@ def their_runs(args: argparse.Namespace) -> str:
             curve = parse_authors_log(run_dir / "event.log", SPLITS, ("acc", "loss"))
             runs[f"data {data}, init {init}"] = evaluations(curve, authors=True)
     steps = sorted({step for accs in runs.values() for step, split in accs if split == "ood" and step > 0})
-    level = task_entry("sraven").task.paper_column.past_plateau
+    level = task_entry("sraven").paper_column.past_plateau
     lines = [
         f"SRAVEN {args.variant}, their code ({args.setting}): OOD accuracy (%, all four answer "
         "features) at each evaluation of each run: its split and batches from seed `data`, its initial weights "

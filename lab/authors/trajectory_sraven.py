@@ -31,7 +31,6 @@ import json
 import sys
 import time
 import types
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +63,13 @@ def as_full_masks(masks: list[Any], seq_len: int) -> np.ndarray:
 def ours(args: argparse.Namespace) -> None:
     import torch
 
-    from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
+    from hyla.attention.functional import draw_keep_mask
     from hyla.train.build import build_model, build_task
-    from hyla.train.checkpoint import load_checkpoint
     from hyla.train.config import config_with_overrides, load_config
-    from hyla.train.engine import global_norms_R
-    from hyla.train.optim import build_optimizer, lr_at
+    from hyla.train.engines.base import global_norms_R
+    from hyla.train.engines.optim import build_optimizer, lr_at
+    from hyla.train.run.checkpoint import load_checkpoint
+    from hyla.train.seeds import data_stream_seed
 
     torch.set_num_threads(1)
     overrides = [] if args.dropout else ["model.attention_dropout=0"]
@@ -90,7 +90,7 @@ def ours(args: argparse.Namespace) -> None:
     layout = {"num_layers": cfg.model.num_layers, "num_heads": cfg.model.num_heads}
     state0 = to_their_layout({k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, **layout)
     optimizer = build_optimizer(model, cfg, torch.device("cpu"))
-    gen = torch.Generator().manual_seed(cfg.data_seed * 1009)  # as the engine's data generator of rank 0
+    gen = torch.Generator().manual_seed(data_stream_seed(cfg.data_seed, rank=0))  # the engine's, on rank 0
     drop_gen = torch.Generator().manual_seed(cfg.seed)
     start_step, adam = 0, {}
     if start is not None:  # AdamW's moments and step count (cast to the parameters' dtype) and the run's batches
@@ -116,8 +116,8 @@ def ours(args: argparse.Namespace) -> None:
         masks = [
             draw_keep_mask(q, k, cfg.model.attention_dropout, torch.device("cpu"), drop_gen) for q, k in mask_shapes
         ]
-        with supplied_keep_masks(masks) if masks else nullcontext():
-            loss = task.loss(model(batch.inputs.to(dtype), last_positions=task.num_output_positions), batch)
+        out = model(batch.inputs.to(dtype), last_positions=task.num_output_positions, dropout_keeps=masks or None)
+        loss = task.loss(out, batch)
         if masks:
             keeps.append(as_full_masks(masks, task.seq_len))
         loss.backward()

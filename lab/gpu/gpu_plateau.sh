@@ -58,7 +58,7 @@ echo "== trained for $(( $(date +%s) - start )) s (exit $rc: 0 finished or stopp
 import sys
 from pathlib import Path
 
-from hyla.train.rundir import has_record, read_run
+from hyla.train.run.folder import has_record, read_run
 
 for seed_dir in sorted(Path(sys.argv[1]).glob("seed*"), key=lambda p: int(p.name[4:])):
     rows = read_run(seed_dir).metrics if has_record(seed_dir) else []

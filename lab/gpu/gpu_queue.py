@@ -34,9 +34,8 @@ from hyla.sweep.cli import parse_where
 from hyla.sweep.estimate import seconds_left
 from hyla.sweep.groups import plan_sweep, states_and_pending
 from hyla.train.config import ExperimentConfig
-from hyla.train.plan import SWEEP_MAX_STACK
-from hyla.train.rundir import read_pieces, run_state
-from hyla.train.sweepfile import Sweep, load_sweep
+from hyla.train.run.folder import read_pieces, run_state
+from hyla.train.sweeps import SWEEP_MAX_STACK, Sweep, load_sweep
 
 #: the selected SRAVEN point (lab/findings.md: the probe at lr 3e-4, wd 0.3 left its plateau)
 SELECTED_POINT = ("train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=1000")

@@ -356,7 +356,7 @@ MINUTES=$(awk "BEGIN { print $ours_s / 60 }") STAGES=${STAGES:-sraven-hyla} ARCH
   PART_MIB=1048576 bash "$here/gpu_paper.sh" > "$ours_log" 2>&1 || rc=$?
 fi
 grep -v '^  left: ' "$ours_log" || true
-sraven_name=$("$py" -c "import sys; from hyla.train.sweepfile import load_sweep; print(load_sweep(sys.argv[1]).name)" \
+sraven_name=$("$py" -c "import sys; from hyla.train.sweeps import load_sweep; print(load_sweep(sys.argv[1]).name)" \
   "${SRAVEN:-table_a1_sraven}" 2>/dev/null || echo table_a1_sraven)
 left_hyla=$(grep -c "^  left: .*/$sraven_name/hyla-" "$ours_log" || true)
 [ "$rc" = 0 ] || { status=1; echo "ours failed (exit $rc): $ours_log"; left_hyla="? (ours failed)"; }

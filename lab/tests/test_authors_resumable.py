@@ -279,7 +279,7 @@ def test_their_initial_draw_becomes_our_weights(tmp_path: Path, cache: Path) -> 
         timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    from hyla.train.rundir import load_trained
+    from hyla.train.run.folder import load_trained
 
     trained = load_trained(run_dir)
     assert trained.config.split_seed == 3 and trained.config.data.heldout_draw == "authors"

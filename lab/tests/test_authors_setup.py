@@ -19,11 +19,11 @@ from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
 from hyla.tasks import FuzzyLogic
 from hyla.train.build import build_task, build_tasks, sized_config
-from hyla.train.checkpoint import latest_checkpoint
 from hyla.train.config import load_config
+from hyla.train.engines.optim import build_optimizer, decayed_parameter_names, lr_at
 from hyla.train.loop import resume_differences
-from hyla.train.optim import build_optimizer, decayed_parameter_names, lr_at
-from hyla.train.plan import plan_groups
+from hyla.train.run.checkpoint import latest_checkpoint
+from hyla.train.sweeps import plan_groups
 from tiny import tiny_overrides
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from hyla.train.rundir import run_state
+from hyla.train.run.folder import run_state
 from tiny import write_sweep
 
 

@@ -14,7 +14,7 @@ import gpu_queue as queue
 import pytest
 import yaml
 
-from hyla.train.sweepfile import load_sweep
+from hyla.train.sweeps import load_sweep
 from tiny import HANG_GUARD_S, tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 
 from hyla.train.config import load_config
 from hyla.train.loop import RESUMABLE_CHANGES
-from hyla.train.sweepfile import load_sweep
+from hyla.train.sweeps import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the committed sweep records the README table and the results page are made from
@@ -32,7 +32,7 @@ def test_docs_results_page_is_paper_md_with_the_records_tables() -> None:
 
     from hyla.analysis.paper_report import PAPER_SWEEPS, chosen_table
     from hyla.analysis.selection import sweep_results
-    from hyla.train.sweepfile import load_sweep
+    from hyla.train.sweeps import load_sweep
 
     spec = importlib.util.spec_from_file_location("results_hook", ROOT / "docs" / "_hooks" / "results.py")
     assert spec is not None and spec.loader is not None

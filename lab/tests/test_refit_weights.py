@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyla.attention.kernels.c.wrapper import MARCH_ENV
-from hyla.train.checkpoint import load_weights
+from hyla.ops.clib import MARCH_ENV
 from hyla.train.config import load_config
 from hyla.train.loop import Trainer
-from hyla.train.rundir import FINAL_WEIGHTS, load_trained
+from hyla.train.run.checkpoint import load_weights
+from hyla.train.run.folder import FINAL_WEIGHTS, load_trained
 from tiny import tiny_overrides, torch_threads
 
 SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "authors" / "refit_weights.py"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hyla import functional
     from hyla.attention import PRESETS, Attention, AttentionConfig, attention_preset
-    from hyla.train.rundir import TrainedRun
+    from hyla.train.run.folder import TrainedRun
 
 __version__ = "0.1.0"
 __all__ = ["PRESETS", "Attention", "AttentionConfig", "__version__", "attention_preset", "functional", "load"]
@@ -36,11 +36,11 @@ def load(run_dir: str | os.PathLike[str]) -> TrainedRun:
     """The trained model of a run directory, with its task and config, in eval mode.
 
     A finished run's final weights (``model.safetensors``), else its latest checkpoint; what
-    ``hyla.train.rundir.load_trained`` returns: ``.model``, ``.task``, ``.config``, ``.path``,
+    ``hyla.train.run.folder.load_trained`` returns: ``.model``, ``.task``, ``.config``, ``.path``,
     ``.step`` (the updates its weights had) and ``.weights`` (``"final"`` or ``"checkpoint at step N"``).
 
     ``run = hyla.load("results/sweeps/table_a1_fuzzy/hyla-lr0.001-weight_decay0.1-seed0")``
     """
-    from hyla.train.rundir import load_trained  # lazy, as the attention module above
+    from hyla.train.run.folder import load_trained  # lazy, as the attention module above
 
     return load_trained(run_dir)

@@ -26,12 +26,12 @@ from typing import Any
 
 from hyla.analysis.plots import first_steps_beside_records
 from hyla.analysis.selection import paper_column, sweep_results
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from hyla.train.cli import failure_exit_code
 from hyla.train.config import ExperimentConfig, load_config
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-from hyla.train.rundir import METRICS, RunRecord, has_record, has_trained_weights, load_trained, read_run
-from hyla.train.sweepfile import RECORD_ROOT, load_sweep
+from hyla.train.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.run.folder import METRICS, RunRecord, has_record, has_trained_weights, load_trained, read_run
+from hyla.train.sweeps import RECORD_ROOT, load_sweep
 
 DEMO_VARIANTS = ("softmax", "hyla")
 #: steps of the short run: the records of both variants' seed 0 first show HYLA ahead on OOD R^2 at the
@@ -39,7 +39,7 @@ DEMO_VARIANTS = ("softmax", "hyla")
 DEMO_STEPS = 5000
 #: the paper-table rows whose trained models part 1 re-scores, per sweep
 RESCORED_ROWS = {"table_a1_fuzzy": ("softmax", "linear", "hyla"), "table_a1_sraven": ("softmax", "hyla")}
-#: fresh held-out problems per model, and their generator's seed (training evaluates from ``eval_seed * 101 + i``)
+#: fresh held-out problems per model, and their generator's seed (training's: ``hyla.train.seeds.eval_split_seed``)
 RESCORE_PROBLEMS, RESCORE_SEED = 8192, 20250124
 DEMO_EVAL = "demo_eval.json"
 #: what the report compares: the metric of the task (fuzzy logic: R^2) on held-out combinations

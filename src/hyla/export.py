@@ -15,29 +15,27 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from hyla.tasks import REGISTRY, Task, task_entry
+from hyla.tasks import REGISTRY, Task, TaskEntry, task_entry
 from hyla.tasks.export import export_problems, save_npz
 
 
-def export_flags(task: type[Task]) -> dict[str, Any]:
+def export_flags(entry: TaskEntry) -> dict[str, Any]:
     """Flag (option name) -> default: the fields of the task's export options, whose defaults are the task's."""
-    options = task.export_options()
+    options = entry.flag_options()
     return {f.name: getattr(options(), f.name) for f in dataclasses.fields(options)}
 
 
 def _task_from_flags(args: argparse.Namespace) -> Task:
-    task = task_entry(args.task).task
-    values = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in export_flags(task).items()}
-    return task.from_export_options(values, 0 if args.split_seed is None else args.split_seed)
+    entry = task_entry(args.task)
+    values = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in export_flags(entry).items()}
+    return entry.task_from_flags(values, 0 if args.split_seed is None else args.split_seed)
 
 
 def _task_from_config(args: argparse.Namespace) -> Task:
     from hyla.train.build import build_task
     from hyla.train.config import load_config
 
-    given = [
-        k for k in [*export_flags(task_entry(args.task).task), "split_seed"] if getattr(args, k) not in (None, False)
-    ]
+    given = [k for k in [*export_flags(task_entry(args.task)), "split_seed"] if getattr(args, k) not in (None, False)]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise ValueError(f"{flag} cannot be combined with --config; give it as an override (data.{given[0]}=...)")
@@ -70,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_option_flags(parser: argparse.ArgumentParser, task: type[Task]) -> None:
+def _add_option_flags(parser: argparse.ArgumentParser, entry: TaskEntry) -> None:
     """One flag per export option, its help and default from the options dataclass."""
-    options = task.export_options()
+    options = entry.flag_options()
     hints = typing.get_type_hints(options)
     for f in dataclasses.fields(options):
         default, about = getattr(options(), f.name), f.metadata.get("help", "")
@@ -89,12 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="export task problems as .npz (the format: the docs' tasks page)")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for name, entry in REGISTRY.items():
-        if entry.task.export_help is None:
+        if entry.export_help is None:
             continue
         # the registry's name (as `hyla train` and the configs spell it) and its hyphenated form, both accepted
         spellings = sorted({name, name.replace("_", "-")}, key=lambda s: s != name)
-        q = tasks.add_parser(spellings[0], aliases=spellings[1:], help=entry.task.export_help)
-        _add_option_flags(q, entry.task)
+        q = tasks.add_parser(spellings[0], aliases=spellings[1:], help=entry.export_help)
+        _add_option_flags(q, entry)
         q.add_argument(
             "overrides",
             nargs="*",

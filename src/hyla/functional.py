@@ -110,7 +110,7 @@ def attention(
         factor = scale * math.sqrt(q.shape[3])
         q = q if factor == 1.0 else q * factor
     drops = training and dropout_p > 0
-    keep = fn.dropout_keep_mask(nq, nk, dropout_p, q.device) if drops else None
+    keep = fn.draw_keep_mask(nq, nk, dropout_p, q.device) if drops else None
     y, _ = attend(
         q,
         k,

@@ -16,7 +16,7 @@ from hyla.analysis.probes import rule_probe, term_probe
 from hyla.cli import main
 from hyla.tasks import make_task
 from hyla.tasks.sraven import RULE_NAMES
-from hyla.train.rundir import load_trained
+from hyla.train.run.folder import load_trained
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=6, every=3)

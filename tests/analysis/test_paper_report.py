@@ -13,7 +13,7 @@ from hyla.analysis.paper_report import agreement, paper_report
 from hyla.analysis.selection import paper_value
 from hyla.analysis.stats import first_reaching
 from hyla.cli import main
-from hyla.train.sweepfile import load_sweep
+from hyla.train.sweeps import load_sweep
 from tiny import fake_record
 
 

@@ -14,7 +14,7 @@ from hyla.analysis.report import build_report, group_runs, sweep_series
 from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.cli import main
 from hyla.train.config import load_config
-from hyla.train.rundir import read_run
+from hyla.train.run.folder import read_run
 from tiny import tiny_overrides
 
 

@@ -14,44 +14,34 @@ import pytest
 import torch
 from torch import Tensor
 
+from chosen import run_chosen
 from hyla.attention import PRESETS, Attention, AttentionConfig, attention_preset
+from hyla.attention.backend import AttentionCall, Backend
 from hyla.attention.config import BACKEND_ALIASES, BACKENDS
-from hyla.attention.dispatch import dispatch
+from hyla.attention.dispatch import BY_NAME
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels import (
     COVERAGE,
     CpuKernelUnavailableError,
     FusedUnavailableError,
-    chunked_hypernetwork_attention,
     covered_presets,
-    fused_cpu_hypernetwork_attention,
     fused_cpu_unsupported_reason,
-    fused_hypernetwork_attention,
-    manual_backward_hypernetwork_attention,
     manual_backward_unsupported_reason,
 )
-from hyla.attention.kernels.c.wrapper import HAS_VMAP_RULE
-from hyla.attention.kernels.coverage import variant_unsupported_reason
+from hyla.attention.kernels.coverage import covers_dtype, variant_unsupported_reason
+from hyla.train.engines.vmap_rules import HAS_VMAP_RULES  # registers the C kernel's batching rule, as stacking does
 from tiny import autograd_node_names, triton_device_or_skip
 
 B, H, Q, K, E, D = 2, 3, 4, 5, 2, 3
 
 
-def _direct(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
-    return hypernetwork_attention(q, k, v, config, **kwargs)[0]  # type: ignore[arg-type]
-
-
-def _chunked(q: Tensor, k: Tensor, v: Tensor, config: AttentionConfig, **kwargs: object) -> Tensor:
-    return chunked_hypernetwork_attention(q, k, v, config, chunk_size=3, **kwargs)  # type: ignore[arg-type]
-
-
-#: backend -> (its function of q, k, v, config, mask, bias[, w_mid], the error it raises for an uncovered case)
-BACKEND_FUNCTIONS: dict[str, tuple[Callable[..., Tensor], type[Exception] | None]] = {
-    "direct": (_direct, None),
-    "chunked": (_chunked, None),
-    "manual_backward": (manual_backward_hypernetwork_attention, ValueError),
-    "fused_cpu": (fused_cpu_hypernetwork_attention, CpuKernelUnavailableError),
-    "fused": (fused_hypernetwork_attention, FusedUnavailableError),
+#: backend -> the error it raises for a case it does not cover (asked for by name)
+BACKEND_ERRORS: dict[str, type[Exception] | None] = {
+    "direct": None,
+    "chunked": None,
+    "manual_backward": ValueError,
+    "fused_cpu": CpuKernelUnavailableError,
+    "fused": FusedUnavailableError,
 }
 CPU_BACKENDS = ("direct", "chunked", "manual_backward", "fused_cpu")
 
@@ -72,11 +62,13 @@ def _inputs(config: AttentionConfig, dtype: torch.dtype, device: torch.device) -
 
 
 def _run(backend: str, config: AttentionConfig, leaves: list[Tensor], mask: Tensor) -> Tensor:
-    fn, _ = BACKEND_FUNCTIONS[backend]
+    """``backend`` by the one protocol: its ``covers`` first (its own error where it does not), then the call."""
     q, k, v, bias, *w_mid = leaves
-    # only the direct and chunked forms take HYLA+'s extra layer (the others refuse hyper_deep before it matters)
-    extra = {"w_mid_HxDxD": w_mid[0]} if w_mid and backend in ("direct", "chunked") else {}
-    return fn(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **extra)
+    call = AttentionCall(q, k, v, config, mask, bias, w_mid[0] if w_mid else None, chunk_size=3)
+    reason = BY_NAME[backend].covers(call)
+    if reason is not None:
+        raise BY_NAME[backend].unavailable(reason)
+    return BY_NAME[backend](call)
 
 
 def _check_equals_direct_form(backend: str, config: AttentionConfig, dtype: torch.dtype, device: torch.device) -> None:
@@ -103,7 +95,7 @@ def _skip_without_c_compiler() -> None:
 
 
 def test_the_table_has_every_backend_and_the_aliases_name_backends() -> None:
-    assert set(COVERAGE) == set(BACKENDS) - {"auto"} == set(BACKEND_FUNCTIONS)
+    assert set(COVERAGE) == set(BACKENDS) - {"auto"} == set(BACKEND_ERRORS) == set(BY_NAME)
     assert set(BACKEND_ALIASES.values()) <= set(BACKENDS) and not set(BACKEND_ALIASES) & set(BACKENDS)
 
 
@@ -131,7 +123,7 @@ def test_cpu_backend_does_what_the_table_says(backend: str, preset: str) -> None
             _skip_without_c_compiler()
         _check_equals_direct_form(backend, config, torch.float64, torch.device("cpu"))
         return
-    _, error = BACKEND_FUNCTIONS[backend]
+    error = BACKEND_ERRORS[backend]
     assert error is not None, f"{backend} is listed as not covering {preset} but has no error to raise"
     leaves, mask = _inputs(config, torch.float64, torch.device("cpu"))
     with pytest.raises(error, match=r"value_network|normalization"):
@@ -149,7 +141,7 @@ def test_cpu_backend_dtypes_as_the_table_says(backend: str, dtype: torch.dtype) 
         leaves, mask = _inputs(config, dtype, torch.device("cpu"))
         assert _run(backend, config, leaves, mask).dtype == dtype
         return
-    _, error = BACKEND_FUNCTIONS[backend]
+    error = BACKEND_ERRORS[backend]
     leaves, mask = _inputs(config, dtype, torch.device("cpu"))
     with pytest.raises(error, match="dtype"):  # type: ignore[arg-type]
         _run(backend, config, leaves, mask)
@@ -171,7 +163,7 @@ def test_vmap_as_the_table_says(backend: str) -> None:
         return q
 
     torch.vmap(probe)(torch.randn(2, 1, H, Q, E))
-    runs_in_vmap = COVERAGE[backend].vmap and (backend != "fused_cpu" or HAS_VMAP_RULE)
+    runs_in_vmap = COVERAGE[backend].vmap and (backend != "fused_cpu" or HAS_VMAP_RULES)
     assert (reasons[0] is None) == runs_in_vmap, reasons
 
 
@@ -265,6 +257,70 @@ def test_former_backend_names_select_the_same_code(old: str, new: str) -> None:
     assert torch.equal(old_module(x), new_module(x))
     q = torch.randn(1, 2, 3, 4)
     with pytest.warns(DeprecationWarning):
-        y_old = dispatch(old, q, q, q, attention_preset("hyla"))
-    y_new = dispatch(new, q, q, q, attention_preset("hyla"))
-    assert (y_old is None and y_new is None) or torch.equal(y_old, y_new)  # type: ignore[arg-type]
+        name_old, y_old = run_chosen(old, q, q, q, attention_preset("hyla"))
+    name_new, y_new = run_chosen(new, q, q, q, attention_preset("hyla"))
+    assert name_old == name_new and torch.equal(y_old, y_new)
+
+
+def test_every_backend_in_the_table_follows_the_one_protocol() -> None:
+    """One object per backend in ``COVERAGE``, each with ``covers(call)`` and ``backend(call)``: a covered call
+    gives the direct form's heads, an uncovered variant a reason that names it."""
+    for name, coverage in COVERAGE.items():
+        backend = BY_NAME[name]
+        assert isinstance(backend, Backend) and backend.name == name
+        for preset, config in PRESETS.items():
+            leaves, mask = _inputs(config, torch.float64, torch.device("cpu"))
+            q, k, v, bias, *w_mid = (t.detach() for t in leaves)
+            call = AttentionCall(q, k, v, config, mask, bias, w_mid[0] if w_mid else None, chunk_size=3)
+            reason = backend.covers(call)
+            variant_reason = variant_unsupported_reason(name, config)
+            if variant_reason is not None:
+                assert reason == variant_reason, (name, preset)
+                continue
+            if reason is not None:  # the machine's or the dtype's limits, which the other tests check
+                assert not covers_dtype(name, torch.float64) or name in ("fused", "fused_cpu"), (name, reason)
+                continue
+            ref = hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, w_mid_HxDxD=call.w_mid_HxDxD)
+            assert _rel(backend(call), ref[0]) < 1e-10, (name, preset)
+        keep = torch.ones(1, 1, Q, K, dtype=torch.bool)
+        q, k, v = (torch.randn(B, H, n, w, dtype=torch.float64) for n, w in ((Q, E), (K, E), (K, D)))
+        dropping = AttentionCall(q, k, v, attention_preset("hyla"), dropout=0.5, dropout_keep_11xQxK=keep)
+        if not coverage.dropout:  # (a machine's limit, e.g. no Triton, may be named first)
+            assert backend.covers(dropping) is not None, name
+
+
+def test_a_forward_chooses_its_backend_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Attention.forward`` and ``hyla.functional.attention`` ask ``choose`` once per call, and ``auto``'s choice
+    asks each candidate's ``covers`` at most once."""
+    import hyla
+    import hyla.attention.dispatch as policy
+
+    chosen: list[str] = []
+    covered: list[str] = []
+    real_choose = policy.choose
+
+    def counting_choose(requested: str, call: AttentionCall) -> Backend:
+        backend = real_choose(requested, call)
+        chosen.append(backend.name)
+        return backend
+
+    monkeypatch.setattr(policy, "choose", counting_choose)
+    for backend in BY_NAME.values():
+        real_covers = type(backend).covers
+
+        def counting_covers(self: Backend, call: AttentionCall, real: Callable = real_covers) -> str | None:
+            covered.append(self.name)
+            return real(self, call)
+
+        monkeypatch.setattr(type(backend), "covers", counting_covers)
+    x = torch.randn(2, 5, 12)
+    for preset in ("hyla", "softmax", "hyla_plus"):
+        chosen.clear()
+        covered.clear()
+        Attention(12, 3, preset, causal=True)(x)
+        assert len(chosen) == 1, preset
+        assert len(covered) == len(set(covered)), covered
+        q = torch.randn(2, 3, 5, 4)
+        chosen.clear()
+        hyla.functional.attention(q, q, q, attention="hyla", is_causal=True)
+        assert len(chosen) == 1

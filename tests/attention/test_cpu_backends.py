@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from chosen import run_chosen
 from hyla.attention import Attention, attention_preset
-from hyla.attention.dispatch import cpu_auto_choice, dispatch
+from hyla.attention.backend import AttentionCall
+from hyla.attention.direct import DIRECT
+from hyla.attention.dispatch import choose, cpu_auto_choice
 from hyla.attention.functional import (
     attention_scores,
     drop_pairs,
@@ -26,6 +29,7 @@ from hyla.attention.kernels import (
     manual_backward_unsupported_reason,
 )
 from hyla.attention.kernels.c import wrapper as c_wrapper
+from hyla.ops import clib
 from tiny import autograd_node_names, torch_threads
 
 #: every test here compares CPU code paths against each other (tolerances in each test)
@@ -102,8 +106,8 @@ def test_bfloat16_manual_backward_and_not_fused_cpu() -> None:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 3, 4, generator=gen).to(torch.bfloat16) for _ in range(3))
     assert "float32, float64" in fused_cpu_unsupported_reason(config, q, k, v)
-    y = dispatch("auto", q, k, v, config)  # auto: manual_backward for what the C kernel does not cover
-    assert y is not None and y.dtype == torch.bfloat16
+    name, y = run_chosen("auto", q, k, v, config)  # auto: manual_backward for what the C kernel does not cover
+    assert name == "manual_backward" and y.dtype == torch.bfloat16
     # bfloat16 keeps 8 significant bits: the error is ~1e-2 (at most 1.3e-2 over 200 seeds); any two of
     # q, k, v swapped is off by > 0.2 (distinct tensors so that a swap would show)
     assert _rel(y, hypernetwork_attention(q.double(), k.double(), v.double(), config)[0]) < 2e-2
@@ -250,14 +254,14 @@ def test_fused_cpu_attention_dropout_gradcheck_and_bad_mask() -> None:
 @pytest.mark.parametrize("preset", ["hyla", "softmax"])
 def test_auto_picks_the_c_kernel_on_cpu(preset: str) -> None:
     q, k, v = (torch.randn(2, 4, 6, 5, requires_grad=True) for _ in range(3))
-    y = dispatch("auto", q, k, v, attention_preset(preset), bias=torch.zeros(4, 6, 6))
-    assert y is not None and "fused_cpu_attention" in type(y.grad_fn).__name__
+    name, y = run_chosen("auto", q, k, v, attention_preset(preset), bias=torch.zeros(4, 6, 6))
+    assert name == "fused_cpu" and "fused_cpu_attention" in type(y.grad_fn).__name__
 
 
 @pytest.mark.parametrize("backend", ["direct", "manual_backward", "fused"])
 def test_softmax_attention_takes_the_direct_form_where_the_backend_does_not_cover_it(backend: str) -> None:
     q, k, v = (torch.randn(2, 4, 6, 5) for _ in range(3))
-    assert dispatch(backend, q, k, v, attention_preset("softmax")) is None
+    assert run_chosen(backend, q, k, v, attention_preset("softmax"))[0] == "direct"
 
 
 def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
@@ -266,7 +270,7 @@ def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
     def choice(b: int, nq: int, nk: int, head_dim: int, dtype: torch.dtype = torch.float32) -> str:
         q = torch.empty(b, 16, nq, head_dim, dtype=dtype)
         k = torch.empty(b, 16, nk, head_dim, dtype=dtype)
-        return cpu_auto_choice(hyla, q, k, k)
+        return cpu_auto_choice(AttentionCall(q, k, k, hyla)).name
 
     assert choice(128, 36, 36, 4) == "fused_cpu"  # SRAVEN's heads
     assert choice(128, 36, 36, 16) == "manual_backward"
@@ -276,8 +280,8 @@ def test_auto_on_cpu_chooses_by_head_dim_and_size() -> None:
     assert choice(128, 36, 36, 64, torch.bfloat16) == "direct"
     softmax = attention_preset("softmax")
     q4, q64 = torch.empty(128, 16, 36, 4), torch.empty(1, 16, 2048, 64)
-    assert cpu_auto_choice(softmax, q4, q4, q4) == "fused_cpu"
-    assert cpu_auto_choice(softmax, q64, q64, q64) == "direct"  # large scores: measured for HYLA only
+    assert cpu_auto_choice(AttentionCall(q4, q4, q4, softmax)).name == "fused_cpu"
+    assert cpu_auto_choice(AttentionCall(q64, q64, q64, softmax)).name == "direct"  # large scores: measured for HYLA
 
 
 @pytest.mark.parametrize(
@@ -312,38 +316,38 @@ def test_uncovered_presets_fall_back_or_raise(preset: str) -> None:
         assert fused_cpu_unsupported_reason(config, q, k, v) is None
         return
     assert fused_cpu_unsupported_reason(config, q, k, v) is not None
-    assert dispatch("auto", q, k, v, config) is None  # the direct form
+    assert choose("auto", AttentionCall(q, k, v, config)) is DIRECT
     with pytest.raises(CpuKernelUnavailableError, match=r"value_network|normalization"):
         fused_cpu_hypernetwork_attention(q, k, v, config)
 
 
 def test_fused_cpu_without_a_compiler_says_so_and_auto_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(c_wrapper, "_LIBRARY", None)
-    monkeypatch.setattr(c_wrapper, "_LOAD_ERROR", None)
-    monkeypatch.setattr(c_wrapper, "_compiler", lambda: None)
+    monkeypatch.setattr(clib, "_LIBRARY", None)
+    monkeypatch.setattr(clib, "_LOAD_ERROR", None)
+    monkeypatch.setattr(clib, "_compiler", lambda: None)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3))  # distinct, so a swap would show
     config = attention_preset("hyla")
     assert "no C compiler" in fused_cpu_unsupported_reason(config, q, k, v)
     with pytest.raises(CpuKernelUnavailableError, match="no C compiler"):
-        dispatch("fused_cpu", q, k, v, config)
-    y = dispatch("auto", q, k, v, config)
+        run_chosen("fused_cpu", q, k, v, config)
+    name, y = run_chosen("auto", q, k, v, config)
     # float32 rounding over a few ops is ~1e-7 here; any two of q, k, v swapped is off by > 0.5
-    assert y is not None and _rel(y, hypernetwork_attention(q.double(), k.double(), v.double(), config)[0]) < 1e-5
+    assert name != "fused_cpu" and _rel(y, hypernetwork_attention(q.double(), k.double(), v.double(), config)[0]) < 1e-5
 
 
 @pytest.mark.slow
 def test_fused_cpu_build_goes_to_the_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
     monkeypatch.setenv("HYLA_CACHE_DIR", str(tmp_path))
-    compiler = c_wrapper._compiler()
+    compiler = clib._compiler()
     if compiler is None:
         pytest.skip("no C compiler on this machine")
-    built = c_wrapper._build(compiler)
+    built = clib._build(compiler)
     assert built.parent == tmp_path / "kernels" and built.suffix == ".so"
     assert sorted(p.name for p in built.parent.iterdir()) == [built.name]  # no leftovers
     announced = capsys.readouterr().err.splitlines()
     assert len(announced) == 1 and str(tmp_path / "kernels") in announced[0]  # the slow first build, said once
-    assert c_wrapper._build(compiler) == built  # cached
+    assert clib._build(compiler) == built  # cached
     assert capsys.readouterr().err == ""  # and silent once built
 
 
@@ -356,7 +360,7 @@ def test_the_kernel_check_is_marked_constant_as_torch_marks_it_without_importing
     def probe() -> None: ...
 
     marked = torch.compiler.assume_constant_result(probe)
-    assert vars(marked) == vars(c_wrapper._library_problem) != {}
+    assert vars(marked) == vars(clib.library_problem) != {}
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, hyla, hyla.cli; print('torch._dynamo' in sys.modules)"],
         capture_output=True,
@@ -412,11 +416,23 @@ def test_fused_cpu_under_vmap_equals_each_run_alone(case: str) -> None:
     reason="ATEN_CPU_CAPABILITY=default: inductor's generated C++ uses at::vec without its header (torch 2.13)",
 )
 def test_auto_under_vmap_and_compile_runs_the_c_kernel() -> None:
+    from hyla.train.engines import vmap_rules  # the batching rule, registered where stacking lives
+
+    if not vmap_rules.HAS_VMAP_RULES:
+        pytest.skip(f"torch {torch.__version__} has no custom-op vmap rules")
     config = attention_preset("hyla")
     q, k, v = (torch.randn(2, 1, 3, 4, 2, requires_grad=True) for _ in range(3))
-    y = torch.vmap(lambda *t: dispatch("auto", *t, config))(q, k, v)
+    names: list[str] = []
+
+    def chosen(*t: torch.Tensor) -> torch.Tensor:
+        name, y = run_chosen("auto", *t, config)
+        names.append(name)
+        return y
+
+    y = torch.vmap(chosen)(q, k, v)
+    assert names == ["fused_cpu"]
     assert y is not None and _rel(y[1], hypernetwork_attention(q[1], k[1], v[1], config)[0]) < 1e-5
-    compiled = torch.compile(lambda *t: dispatch("auto", *t, config), fullgraph=True)
+    compiled = torch.compile(lambda *t: run_chosen("auto", *t, config)[1], fullgraph=True)
     y = compiled(q[0], k[0], v[0])
     ref = hypernetwork_attention(q[0], k[0], v[0], config)[0]
     assert y is not None and _rel(y, ref) < 1e-5

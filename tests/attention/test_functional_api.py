@@ -22,7 +22,6 @@ from hyla.attention.functional import (
     drop_pairs,
     hypernetwork_attention,
     normalize_scores,
-    supplied_keep_masks,
     value_network,
 )
 from hyla.attention.kernels import CpuKernelUnavailableError, fused_cpu_unsupported_reason
@@ -375,14 +374,26 @@ def test_dropout_only_while_training(preset: str) -> None:
     w_mid = torch.randn(H, D, D, generator=gen, dtype=torch.float64) if preset == "hyla_plus" else None
     keep = torch.rand(1, 1, Q, K, generator=gen) >= 0.3
     s = torch.einsum("bhqe,bhke->bhqk", got[0] / math.sqrt(E), got[1])
-    a = drop_pairs(normalize_scores(s, config.normalization), 0.3, keep)
-    want, _ = value_network(a, got[2], config.value_network, config.nonlinearity, w_mid)
     for backend in cpu_backends(config, torch.float64):
-        with supplied_keep_masks([keep]):
-            y = hyla.functional.attention(
-                *got, attention=preset, dropout_p=0.3, training=True, w_mid_HxDxD=w_mid, backend=backend
-            )
-        assert _rel(y, want) < 1e-12, backend
+        torch.manual_seed(7)  # the keep-mask that the call draws from the default generator
+        drawn = torch.rand(1, 1, Q, K) >= 0.3
+        s_drawn = drop_pairs(normalize_scores(s, config.normalization), 0.3, drawn)
+        want_drawn, _ = value_network(s_drawn, got[2], config.value_network, config.nonlinearity, w_mid)
+        torch.manual_seed(7)
+        y = hyla.functional.attention(
+            *got, attention=preset, dropout_p=0.3, training=True, w_mid_HxDxD=w_mid, backend=backend
+        )
+        assert _rel(y, want_drawn) < 1e-12, backend
+    module = Attention(E * H, H, preset, qk_dim=E * H, v_dim=D * H, dropout=0.3).double().train()
+    x = torch.randn(B, Q, E * H, dtype=torch.float64, generator=gen)
+    q, k, v = module.project(x)
+    s_module = torch.einsum("bhqe,bhke->bhqk", q / math.sqrt(E), k)
+    a_kept = drop_pairs(normalize_scores(s_module, config.normalization), 0.3, keep[..., :Q])
+    heads, _ = value_network(a_kept, v, config.value_network, config.nonlinearity, module.w_mid_HxDxD)
+    want_module = module.out_proj(heads.transpose(1, 2).reshape(B, Q, -1))
+    assert _rel(module(x, dropout_keep=keep[..., :Q]), want_module) < 1e-12
+    with pytest.raises(ValueError, match="dropout_keep"):
+        module.eval()(x, dropout_keep=keep[..., :Q])
     state = torch.get_rng_state()
     y_eval = hyla.functional.attention(*got, attention=preset, dropout_p=0.3, w_mid_HxDxD=w_mid)
     assert torch.equal(torch.get_rng_state(), state)

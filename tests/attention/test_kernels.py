@@ -15,9 +15,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from chosen import run_chosen
 from hyla.attention import Attention, attention_preset
+from hyla.attention.backend import AttentionCall
 from hyla.attention.config import NONLINEARITIES, AttentionConfig
-from hyla.attention.dispatch import dispatch, fused_self_test
+from hyla.attention.dispatch import cuda_kernel_pays, fused_self_test
 from hyla.attention.functional import hypernetwork_attention
 from hyla.attention.kernels import (
     FusedUnavailableError,
@@ -237,11 +239,11 @@ def test_fused_refuses_uncovered_cases(device: torch.device) -> None:
         with pytest.raises(FusedUnavailableError, match="backend='fused' cannot run this case"):
             fused_hypernetwork_attention(q, k, v, attention_preset(preset))
     many = torch.randn(1, 33, 4, 2, device=device)
-    assert "33 heads" in (fused_unsupported_reason(many, many, many, attention_preset("hyla")) or "")
+    assert "33 heads" in (fused_unsupported_reason(attention_preset("hyla"), many, many, many) or "")
     wide = torch.randn(1, 2, 4, 129, device=device)
-    assert "E=129" in (fused_unsupported_reason(wide, wide, wide, attention_preset("hyla")) or "")
+    assert "E=129" in (fused_unsupported_reason(attention_preset("hyla"), wide, wide, wide) or "")
     q64 = q.detach().double()
-    assert "float64" in (fused_unsupported_reason(q64, q64, q64, attention_preset("hyla")) or "")
+    assert "float64" in (fused_unsupported_reason(attention_preset("hyla"), q64, q64, q64) or "")
     with pytest.raises(FusedUnavailableError):
         Attention(16, 2, "hyla_softmax", backend="fused").to(device)(torch.randn(1, 3, 16, device=device))
 
@@ -252,18 +254,19 @@ def test_fused_says_why_without_interpreter_on_cpu(monkeypatch: pytest.MonkeyPat
     # distinct q, k, v: with one tensor for all three, a backend that swapped its arguments would pass
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3))
-    reason = fused_unsupported_reason(q, k, v, attention_preset("hyla"))
+    reason = fused_unsupported_reason(attention_preset("hyla"), q, k, v)
     if importlib.util.find_spec("triton") is None:
         assert reason is not None and "triton is not installed" in reason
     else:
         assert reason is not None and "TRITON_INTERPRET=1" in reason
     with pytest.raises(FusedUnavailableError, match="backend='fused'"):
-        dispatch("fused", q, k, v, attention_preset("hyla"))
-    y = dispatch("auto", q, k, v, attention_preset("hyla"))  # CPU: a CPU backend, silently
+        run_chosen("fused", q, k, v, attention_preset("hyla"))
+    name, y = run_chosen("auto", q, k, v, attention_preset("hyla"))  # CPU: a CPU backend, silently
+    assert name in ("fused_cpu", "manual_backward", "direct")
     ref = hypernetwork_attention(q.double(), k.double(), v.double(), attention_preset("hyla"))[0]
     # float32 rounding over a few ops is ~1e-7 here; any two of q, k, v swapped is off by > 0.5
     assert y is not None and rel_err(y, ref) < 1e-5
-    assert dispatch("direct", q, k, v, attention_preset("hyla")) is None
+    assert run_chosen("direct", q, k, v, attention_preset("hyla"))[0] == "direct"
 
 
 def test_dispatch_and_fused_validate_inputs() -> None:
@@ -271,7 +274,7 @@ def test_dispatch_and_fused_validate_inputs() -> None:
     v = torch.randn(2, 3, 5, 6)
     cfg = attention_preset("hyla")
     with pytest.raises(ValueError, match="backend='flash' is not valid; allowed values: auto, direct, manual_backward"):
-        dispatch("flash", q, q, v, cfg)
+        run_chosen("flash", q, q, v, cfg)
     with pytest.raises(ValueError, match="k must have shape"):
         fused_hypernetwork_attention(q, torch.randn(2, 3, 5, 3), v, cfg)
     with pytest.raises(ValueError, match="mask must be a bool tensor"):
@@ -356,10 +359,10 @@ def test_auto_skips_a_kernel_whose_self_test_fails(monkeypatch: pytest.MonkeyPat
 def test_auto_on_cuda_uses_the_direct_form_for_small_heads_and_short_sequences() -> None:
     """The Triton kernel pads head dims to 16; for the task models' head dims (4-8) at their lengths the
     direct form is faster (measured), for long sequences the kernel keeps memory linear."""
-    from hyla.attention.dispatch import cuda_auto_choice
 
     def choice(b: int, h: int, t: int, e: int, d: int) -> str:
-        return cuda_auto_choice(torch.empty(b, h, t, e), torch.empty(b, h, t, e), torch.empty(b, h, t, d))
+        q, v = torch.empty(b, h, t, e), torch.empty(b, h, t, d)
+        return "fused" if cuda_kernel_pays(AttentionCall(q, q, v, attention_preset("hyla"))) else "direct"
 
     assert choice(128, 16, 36, 4, 4) == "direct"  # SRAVEN
     assert choice(128, 16, 36, 4, 16) == "fused"
@@ -374,7 +377,7 @@ def test_fused_is_not_used_inside_vmap() -> None:
     reasons: list[str | None] = []
 
     def attend(q: Tensor) -> Tensor:
-        reasons.append(fused_unsupported_reason(q, q, q, attention_preset("hyla")))
+        reasons.append(fused_unsupported_reason(attention_preset("hyla"), q, q, q))
         return q
 
     torch.vmap(attend)(torch.randn(3, 1, 2, 4, 4))

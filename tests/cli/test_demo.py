@@ -83,7 +83,7 @@ def test_part_one_rescores_the_paper_tables_trained_models_on_fresh_problems(tmp
     every time, other than the records' own evaluation problems."""
     from hyla.train.config import load_config
     from hyla.train.loop import Trainer
-    from hyla.train.sweepfile import load_sweep
+    from hyla.train.sweeps import load_sweep
 
     sweep = load_sweep("table_a1_fuzzy")
     for row in ("softmax", "hyla"):

@@ -141,7 +141,7 @@ def test_the_installed_commands_run_from_another_folder(venv: Path, tmp_path: Pa
 
 def test_a_users_yaml_wins_over_a_packaged_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hyla.train.config import CONFIG_DIR, resolve_config_path
-    from hyla.train.sweepfile import SWEEP_DIR, load_sweep
+    from hyla.train.sweeps import SWEEP_DIR, load_sweep
 
     monkeypatch.chdir(tmp_path)
     assert resolve_config_path("sraven") == CONFIG_DIR / "sraven.yaml"

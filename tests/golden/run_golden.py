@@ -125,9 +125,9 @@ def fingerprint() -> dict[str, object]:
     dispatch settings and the C compiler."""
     import torch
 
-    from hyla.attention.kernels.c import wrapper
-    from hyla.attention.kernels.c.gelu import gelu_path
     from hyla.cpu import blas_path
+    from hyla.ops import clib as wrapper
+    from hyla.ops.gelu import gelu_path
     from hyla.runtime import c_compiler_version
 
     try:

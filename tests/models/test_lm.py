@@ -16,7 +16,7 @@ from hyla.attention import KVCache
 from hyla.cli import main
 from hyla.models import Transformer, TransformerConfig
 from hyla.models.lm import LM_PRESETS, generate
-from hyla.train.rundir import load_trained
+from hyla.train.run.folder import load_trained
 
 
 def tiny_lm(attention: str) -> Transformer:

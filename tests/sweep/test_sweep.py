@@ -21,8 +21,8 @@ from hyla.sweep import launch as sweep_launch
 from hyla.sweep.estimate import wall_seconds
 from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
-from hyla.train.rundir import run_state
-from hyla.train.sweepfile import check_slurm, load_sweep
+from hyla.train.run.folder import run_state
+from hyla.train.sweeps import check_slurm, load_sweep
 from tiny import HANG_GUARD_S, TINY_SWEEP_OVERRIDES, torch_threads, write_sweep
 
 
@@ -225,7 +225,7 @@ def test_runs_without_dropout_train_as_one_stack_with_ordinary_records(
 def test_hyla_train_seeds_and_hyla_sweep_train_the_same_groups_with_the_same_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: list[int]
 ) -> None:
-    """One planner (:mod:`hyla.train.plan`): a lone run trains lone under both commands, two stackable seeds
+    """One planner (:mod:`hyla.train.sweeps`): a lone run trains lone under both commands, two stackable seeds
     as one stack (a sweep told ``--max-stack 2``)."""
     from hyla.train import loop
 
@@ -598,7 +598,7 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
 ) -> None:
     """Resuming on a CPU whose kernels round otherwise is allowed, but the sweep says which variable to set
     to continue alike (a bit-exact retrain of the record then needs the same)."""
-    from hyla.attention.kernels.c.wrapper import source_digest
+    from hyla.ops.clib import source_digest
     from hyla.sweep.groups import rounding_change
     from hyla.train.loop import Trainer
 
@@ -643,7 +643,7 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
 def test_a_sweep_trains_each_run_alone_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One row's four seeds could stack, but a sweep trains them one after another (a stack trained slower per
     run on a CPU and on an H100), so that each run finishes and lands on its own; ``--max-stack`` stacks."""
-    from hyla.train.plan import plan_groups
+    from hyla.train.sweeps import plan_groups
 
     path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1, 2, 3])
     root = str(tmp_path / "r")

@@ -14,8 +14,8 @@ import pytest
 
 from hyla.cli import main
 from hyla.textio import read_jsonl
-from hyla.train.lock import LOCK_FILE, lock_holder
-from hyla.train.rundir import run_state
+from hyla.train.run.folder import run_state
+from hyla.train.run.lock import LOCK_FILE, lock_holder
 from tiny import HANG_GUARD_S, TINY_SWEEP_OVERRIDES, torch_threads, write_sweep
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hyla.tasks import make_task
+from hyla.tasks import make_task, task_entry
 from hyla.tasks.fuzzy_logic import FuzzyLogic, FuzzyLogicOptions
 
 
@@ -110,7 +110,7 @@ def test_the_options_dataclass_is_the_one_place_of_the_defaults() -> None:
     }
     signature = inspect.signature(FuzzyLogic)
     assert {k: signature.parameters[k].default for k in defaults} == defaults
-    assert export_flags(FuzzyLogic) == defaults
+    assert export_flags(task_entry("fuzzy_logic")) == defaults
     from_config = build_task(config_from_dict({"data": {"task": "fuzzy_logic"}}))
     assert isinstance(from_config, FuzzyLogic)
     assert {k: getattr(from_config, k) for k in defaults} == defaults

@@ -14,7 +14,7 @@ import yaml
 from hyla.cli import main
 from hyla.tasks import REGISTRY, register_task
 from hyla.train.config import config_from_dict, dump_config, load_config
-from toy_task import ToyTask
+from toy_task import TOY_FACTS, ToyTask
 
 TINY_MODEL = {
     "attention": "hyla",
@@ -39,7 +39,7 @@ TINY_TRAIN = {
 
 @pytest.fixture
 def toy() -> Iterator[type[ToyTask]]:
-    register_task(ToyTask)
+    register_task(ToyTask, **TOY_FACTS)
     yield ToyTask
     del REGISTRY[ToyTask.name]  # the other tests see the library's tasks only
 

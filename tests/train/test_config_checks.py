@@ -13,7 +13,7 @@ import yaml
 from hyla.cli import main
 from hyla.textio import FileFormatError, read_yaml
 from hyla.train.config import load_config, parse_override_value
-from hyla.train.sweepfile import load_sweep
+from hyla.train.sweeps import load_sweep
 from tiny import write_sweep
 
 

@@ -11,9 +11,9 @@ import torch
 from hyla.tasks import REGISTRY
 from hyla.train.build import build_model, build_task, build_tasks, sized_config
 from hyla.train.config import DataConfig, load_config, task_options
-from hyla.train.engine import StepSums
+from hyla.train.engines.base import StepSums
+from hyla.train.engines.optim import StackedAdamW, build_optimizer, decayed_parameter_names, load_optimizer_state, lr_at
 from hyla.train.loop import Trainer
-from hyla.train.optim import StackedAdamW, build_optimizer, decayed_parameter_names, load_optimizer_state, lr_at
 from tiny import tiny_overrides
 
 TINY = tiny_overrides(layers=1, steps=4, every=2, log_every=2, warmup_steps=1)

@@ -20,7 +20,7 @@ import hyla
 from hyla import textio
 from hyla.cli import main
 from hyla.textio import TornLineWarning, write_text_atomic
-from hyla.train.checkpoint import CheckpointError, ChecksumError, latest_checkpoint, sums_file
+from hyla.train.run.checkpoint import CheckpointError, ChecksumError, latest_checkpoint, sums_file
 from tiny import tiny_overrides
 
 ARGS = ["sraven", *tiny_overrides(steps=8, every=4, log_every=2, warmup_steps=2)]

@@ -14,8 +14,8 @@ from hyla.analysis.paper_report import paper_report
 from hyla.cli import main
 from hyla.textio import FileFormatError, TornLineWarning, append_jsonl, read_jsonl
 from hyla.train.config import dump_config, load_config
-from hyla.train.rundir import finish_piece_record
-from hyla.train.sweepfile import load_sweep
+from hyla.train.run.folder import finish_piece_record
+from hyla.train.sweeps import load_sweep
 
 ROWS = [{"step": s, "split": sp, "r2": 0.5, "loss": 1.0} for s in (10, 20) for sp in ("train", "test", "ood")]
 TORN = '{"step": 30, "split": "tr'  # what kill -9 leaves mid-write: no closing brace, no newline

@@ -1,4 +1,5 @@
-"""One writer per run directory: the folder lock (:mod:`hyla.train.lock`) and two `hyla train --out` on one folder."""
+"""One writer per run directory: the folder lock (:mod:`hyla.train.run.lock`) and two `hyla train --out` on one
+folder."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hyla.cli import main
-from hyla.train.lock import LOCK_FILE, FolderInUseError, FolderLock, lock_holder
+from hyla.train.run.lock import LOCK_FILE, FolderInUseError, FolderLock, lock_holder
 from tiny import HANG_GUARD_S, tiny_overrides
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -14,16 +14,16 @@ import yaml
 
 from floats import assert_same_numbers, on_the_records_machine
 from hyla.cli import main
-from hyla.train import engine as engine_module
-from hyla.train import lone as lone_module
-from hyla.train import optim as optim_module
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.cli import run_configs
 from hyla.train.config import TrainConfig, load_config
-from hyla.train.fast import StepGraph, compile_mode, uses_cudagraphs
+from hyla.train.engines import base as engine_module
+from hyla.train.engines import lone as lone_module
+from hyla.train.engines import optim as optim_module
+from hyla.train.engines.fast import StepGraph, compile_mode, uses_cudagraphs
+from hyla.train.engines.stacked import StackedStepGraph, stack_forward_mode
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-from hyla.train.plan import describe_plan, engine_for, plan_groups
-from hyla.train.stacked import StackedStepGraph, stack_forward_mode
+from hyla.train.run.checkpoint import latest_checkpoint, load_checkpoint
+from hyla.train.sweeps import describe_plan, engine_for, plan_groups
 from tiny import sigterm_after_step, tiny_overrides
 
 TINY = tiny_overrides(layers=2, steps=8, every=4, log_every=2, warmup_steps=2)
@@ -200,11 +200,11 @@ def test_sweep_of_optimizer_hyperparameters_matches_lone_runs(tmp_path: Path) ->
     common = ["train.grad_accum_steps=2", "train.steps=6"]
     args = ["train", "fuzzy_logic", *TINY, *common, "--sweep", str(sweep), "--out", str(tmp_path / "s"), "--quiet"]
     assert main(args) == 0
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["lr0.0003_weight_decay0.3_warmup_steps3", "lr0.003"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["lr0.0003-weight_decay0.3-warmup_steps3", "lr0.003"]
     for name, overrides in (
         ("lr0.003", ["train.lr=0.003"]),
         (
-            "lr0.0003_weight_decay0.3_warmup_steps3",
+            "lr0.0003-weight_decay0.3-warmup_steps3",
             ["train.lr=0.0003", "train.weight_decay=0.3", "train.warmup_steps=3"],
         ),
     ):
@@ -275,8 +275,8 @@ def test_runs_that_do_not_stack_are_trained_group_by_group(tmp_path: Path, capsy
     sweep.write_text("grid:\n  model.num_layers: [1, 2]\n  train.lr: [0.001, 0.003]\n")
     assert main(["train", "sraven", *TINY, "--sweep", str(sweep), "--out", str(tmp_path / "x"), "--quiet"]) == 0
     assert "4 runs in 2 groups (they differ in model.num_layers), trained one after another" in capsys.readouterr().out
-    run = tmp_path / "x" / "num_layers1_lr0.003"
-    alone = lone(tmp_path, "sraven", "alone", "model.num_layers=1", "train.lr=0.003", "name=sraven_num_layers1_lr0.003")
+    run = tmp_path / "x" / "num_layers1-lr0.003"
+    alone = lone(tmp_path, "sraven", "alone", "model.num_layers=1", "train.lr=0.003", "name=sraven_num_layers1-lr0.003")
     assert_same_metrics(metrics(run), metrics(alone))
     options = ([], ["seed=1"], ["model.num_layers=2"], ["model.moe_experts=2"], ["seed=2", "model.moe_experts=2"])
     cfgs = [load_config("sraven", o) for o in options]  # each seed its own split (the paper config's), MoE too
@@ -303,7 +303,7 @@ def test_bad_input_is_refused_with_the_parameter_named(tmp_path: Path, capsys) -
     bad = tmp_path / "bad.yaml"
     bad.write_text("lr: [1, 2]\n")
     assert main(["train", "sraven", *TINY, "--sweep", str(bad), "--out", out, "--quiet"]) == 2
-    assert "expected a mapping with 'runs'" in capsys.readouterr().err
+    assert "unknown sweep field lr; allowed fields:" in capsys.readouterr().err
     assert main(["train", "sraven", *TINY, "--seeds", "0,1", "--out", out, "--resume", "--quiet"]) == 2
     assert "--resume: no checkpoint in" in capsys.readouterr().err
     cfgs = [load_config("sraven", TINY), load_config("sraven", [*TINY, "model.num_layers=1"])]
@@ -549,7 +549,7 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
 
 def test_stacked_runs_take_their_own_init_weights(tmp_path: Path) -> None:
     from hyla.train.build import build_model, build_task
-    from hyla.train.checkpoint import save_weights
+    from hyla.train.run.checkpoint import save_weights
 
     cfgs = [load_config("sraven", [*TINY, "model.attention=hyla", f"seed={s}"]) for s in (0, 1)]
     draws = []
@@ -571,3 +571,22 @@ def test_stacked_runs_take_their_own_init_weights(tmp_path: Path) -> None:
     assert stack("own", None, draws[1]) == plain  # a run given its own draw is itself, beside one that is not given
     swapped = stack("swapped", draws[1], draws[0])
     assert swapped[0] != plain[0] and swapped[1] != plain[1]
+
+
+@pytest.mark.float_sensitive
+def test_a_sweep_run_stopped_under_its_name_from_before_resumes_there(tmp_path: Path, capsys) -> None:
+    """``hyla train --seeds/--sweep`` named runs ``seed0_lr0.003`` before taking ``hyla sweep``'s rule
+    (``lr0.003-seed0``): a run stopped under the old name continues there, saying so."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("grid:\n  train.lr: [0.003]\n")
+    old = tmp_path / "old" / "seed0_lr0.003"  # what the former hyla train wrote: its config and folder name
+    former = ["seed=0", "train.lr=0.003", "name=fuzzy_logic_seed0_lr0.003"]
+    assert main(["train", "fuzzy_logic", *TINY, *former, "--out", str(old), "--quiet", "--stop-at-step", "4"]) == 0
+    new = ["train", "fuzzy_logic", *TINY, "--seeds", "0", "--sweep", str(sweep), "--quiet"]
+    capsys.readouterr()
+    with pytest.warns(DeprecationWarning, match="now named like lr0.003-seed0"):
+        assert main([*new, "--out", str(tmp_path / "old"), "--resume"]) == 0
+    assert f"hyla train: resuming {old} (named seed0_lr0.003 before" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["seed0_lr0.003"]
+    assert main([*new, "--out", str(tmp_path / "fresh")]) == 0
+    assert (old / "metrics.jsonl").read_bytes() == (tmp_path / "fresh" / "lr0.003-seed0" / "metrics.jsonl").read_bytes()

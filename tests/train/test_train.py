@@ -18,11 +18,16 @@ import torch
 
 from hyla.cli import main
 from hyla.textio import TornLineWarning
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.config import ExperimentConfig, load_config, parse_overrides
-from hyla.train.fast import INDUCTOR_CACHE_ENV, cpu_dispatch_tag, keep_compiled_code_apart, shared_inductor_cache
+from hyla.train.engines.fast import (
+    INDUCTOR_CACHE_ENV,
+    cpu_dispatch_tag,
+    keep_compiled_code_apart,
+    shared_inductor_cache,
+)
+from hyla.train.engines.optim import lr_at
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
-from hyla.train.optim import lr_at
+from hyla.train.run.checkpoint import latest_checkpoint, load_checkpoint
 from tiny import HANG_GUARD_S, sigterm_after_step, tiny_overrides
 
 
@@ -87,7 +92,7 @@ def test_a_checkpoint_from_another_device_type_resumes_with_a_fresh_data_stream(
     stream begins anew, seeded by the run and the step, with a warning; each such resume draws alike."""
     from safetensors.torch import load_file, save_file
 
-    from hyla.train.checkpoint import DeviceChangeWarning
+    from hyla.train.run.checkpoint import DeviceChangeWarning
 
     args = tiny("sraven", steps=8)
     assert main(["train", *args, "--out", str(tmp_path / "a"), "--quiet"]) == 0
@@ -369,7 +374,7 @@ def test_fast_step_trains_the_paper_configs_with_attention_dropout(tmp_path: Pat
 #: there), after the trainer's choice
 PRINT_INDUCTOR_FOLDER = (
     "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
-    "from hyla.train.fast import keep_compiled_code_apart\n"
+    "from hyla.train.engines.fast import keep_compiled_code_apart\n"
     "keep_compiled_code_apart()\n"
     "print(cache_dir())\n"
 )
@@ -420,7 +425,7 @@ def test_a_compiled_run_compiles_into_its_cpu_dispatch_folder(tmp_path: Path, mo
 def initial_draw(args: list[str], path: Path) -> Path:
     """The weights a run of ``args`` starts from, saved as ``train.init_weights`` reads them."""
     from hyla.train.build import build_model, build_task
-    from hyla.train.checkpoint import save_weights
+    from hyla.train.run.checkpoint import save_weights
 
     cfg = load_config(args[0], args[1:])
     save_weights(path, build_model(cfg, build_task(cfg)).state_dict())

@@ -10,8 +10,8 @@ import torch
 
 from hyla.cli import main
 from hyla.train.build import build_model
-from hyla.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from hyla.train.rundir import FINAL_WEIGHTS, load_trained
+from hyla.train.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from hyla.train.run.folder import FINAL_WEIGHTS, load_trained
 from tiny import tiny_overrides
 
 

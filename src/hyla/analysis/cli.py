@@ -14,7 +14,7 @@ from hyla.analysis.latents import collect_latents, save_latents
 from hyla.analysis.plots import sraven_latent_figures
 from hyla.analysis.rule_accuracy import rule_accuracy, rule_accuracy_markdown
 from hyla.textio import error_line
-from hyla.train.rundir import load_trained
+from hyla.train.run.folder import load_trained
 
 
 def cmd_latents(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Latent-code analysis of one run, as the CLI and ``hyla report`` use it: probe, topographic similarity.
 
-By the task's probe (``hyla.tasks.base.Task.latent_probe``). Rule probe (SRAVEN): codes of ``num``
+By the task's probe (``hyla.tasks.entry.TaskEntry.latent_probe``). Rule probe (SRAVEN): codes of ``num``
 problems of the ``test`` split (training tasks) and of the ``ood`` split (held-out tasks) are extracted
 once; the probe is fit on the first and scored on the second; the topographic similarity is measured
 on the ``ood`` task codes. Term probe (fuzzy logic): ridge on ``num`` sequences of the ``test`` split.
@@ -16,22 +16,22 @@ from hyla.analysis import compositionality as comp
 from hyla.analysis.latents import collect_latents
 from hyla.analysis.probes import rule_probe, term_probe
 from hyla.tasks import REGISTRY, task_entry
-from hyla.train.rundir import RunRecord, load_trained, read_run
+from hyla.train.run.folder import RunRecord, load_trained, read_run
 
 #: the splits whose codes are drawn: training tasks (in-distribution) and held-out tasks
 FIGURE_SPLITS = ("test", "ood")
 
 
 def latent_probe(run_dir: str | Path) -> str | None:
-    """The latent-code probe of a run's task (``hyla.tasks.base.Task.latent_probe``)."""
-    return task_entry(read_run(run_dir).config["data"]["task"]).task.latent_probe
+    """The latent-code probe of a run's task (``hyla.tasks.entry.TaskEntry.latent_probe``)."""
+    return task_entry(read_run(run_dir).config["data"]["task"]).latent_probe
 
 
 def require_rule_codes(run_dir: str | Path, what: str) -> None:
     """Raise unless the run's task has rule codes (``latent_probe == "rule"``), which ``what`` needs."""
     if latent_probe(run_dir) != "rule":
         task = read_run(run_dir).config["data"]["task"]
-        tasks = " or ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe == "rule")
+        tasks = " or ".join(name for name, entry in REGISTRY.items() if entry.latent_probe == "rule")
         raise ValueError(f"{run_dir} is a {task} run; {what} {tasks} runs")
 
 
@@ -110,7 +110,7 @@ def analyze_run(
     trained = load_trained(run_dir)
     lat = {split: collect_latents(trained, split, num) for split in FIGURE_SPLITS}
     out: dict[str, object] = {"run": str(run_dir), "task": trained.config.data.task, "weights": trained.weights}
-    if trained.task.latent_probe == "rule":
+    if task_entry(trained.config.data.task).latent_probe == "rule":
         out["topsim"] = run_topsim(run_dir, "ood", num, permutations, lat["ood"])
         if figures_dir is not None:
             out["figures"] = {
@@ -204,7 +204,7 @@ def latent_section(
     trained weights (final, else its latest checkpoint; figures for the first run of each configuration).
     Every figure's file name starts with ``figure_prefix``: sections that share ``out`` stay apart."""
     from hyla.analysis.plots import scatter_plot
-    from hyla.train.rundir import has_trained_weights
+    from hyla.train.run.folder import has_trained_weights
 
     results, figures = [], []
     for key, members in groups.items():
@@ -220,7 +220,7 @@ def latent_section(
             results.append(res)
     if not results:
         return ["No run has trained weights or a checkpoint: no latent-code analysis."], [], []
-    if task_entry(str(results[0]["task"])).task.latent_probe == "rule":
+    if task_entry(str(results[0]["task"])).latent_probe == "rule":
         lines = [
             "Final weights (else the latest checkpoint: column `weights`) of each run; codes of "
             f"{num} problems of training tasks (`test`) and {num} of held-out tasks (`ood`). Rule probe "

@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyla.tasks import REGISTRY
+from hyla.tasks import REGISTRY, task_entry
 from hyla.tasks.sraven import sraven_pairs
-from hyla.train.rundir import TrainedRun, load_trained
+from hyla.train.run.folder import TrainedRun, load_trained
 
 __all__ = ["collect_latents", "save_latents", "sraven_pairs"]
 
@@ -63,8 +63,8 @@ def collect_latents(
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     run_dir, cfg, task, model, weights, _step = run if isinstance(run, TrainedRun) else load_trained(run)
-    if task.latent_probe is None:
-        analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.task.latent_probe)
+    if task_entry(cfg.data.task).latent_probe is None:
+        analysed = " and ".join(name for name, entry in REGISTRY.items() if entry.latent_probe)
         raise ValueError(f"{run_dir}: latent codes are extracted for {analysed} runs, not {cfg.data.task!r} ones")
     task.check_split(split)
     gen = torch.Generator().manual_seed(seed)

@@ -52,9 +52,9 @@ def _table(config: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], str]
     if moe and not (moe == 5 and model.get("moe_top_k") == 2):
         return None
     entry = REGISTRY.get(config["data"]["task"])
-    if entry is None or entry.task.paper_column is None or not entry.task.matches_paper_setting(config):
+    if entry is None or entry.paper_column is None or not entry.in_paper_setting(config):
         return None
-    column = entry.task.paper_column.index
+    column = entry.paper_column.index
     if moe:
         return {k: v[column] for k, v in TABLE_A1_MOE.items()}, "Table A1, MoE"
     table = {k: v[column] for k, v in TABLE_A1.items()}

@@ -18,14 +18,14 @@ from hyla.analysis.latent_summary import figure_lines, latent_section
 from hyla.analysis.plots import learning_curves
 from hyla.analysis.selection import RowResult, SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se
-from hyla.train.checkpoint import checkpoint_step
-from hyla.train.rundir import (
+from hyla.train.run.checkpoint import checkpoint_step
+from hyla.train.run.folder import (
     MADE_BY,
     RunRecord,
     has_trained_weights,
     read_pieces,
 )
-from hyla.train.sweepfile import Sweep, load_sweep
+from hyla.train.sweeps import Sweep, load_sweep
 
 PAPER_SWEEPS = ("table_a1_fuzzy", "table_a1_sraven", "fig2c_fuzzy")
 #: our own follow-up experiments, shown after the paper's once they have records

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hyla.train.rundir import RunRecord
+from hyla.train.run.folder import RunRecord
 
 
 def save_figure(fig: plt.Figure, out: Path, dpi: int = 120) -> Path:

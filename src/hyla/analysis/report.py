@@ -23,9 +23,10 @@ from typing import Any
 from hyla.analysis.paper_numbers import paper_reference, paper_row
 from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.stats import format_mean_se, mean_se
+from hyla.tasks import task_entry
 from hyla.textio import error_line
 from hyla.train.config import config_key, flat_config
-from hyla.train.rundir import RunRecord, metrics_path, read_run
+from hyla.train.run.folder import RunRecord, metrics_path, read_run
 
 SEED_KEYS = ("seed", "name", "train.data_seed")
 SWEEP_KEYS = (
@@ -111,7 +112,8 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
             f"no evaluation in {', '.join(str(metrics_path(r.path)) for r in runs)} yet (the first comes at "
             "step train.eval_every); report the runs after it"
         )
-    metric, unit = runs[0].primary_metric, runs[0].task.metric_title
+    task = task_entry(runs[0].config["data"]["task"])
+    metric, unit = runs[0].primary_metric, task.metric_title
     columns = [(s, metric, f"{s} {unit} (%)") for s in splits]
     if any((r.final("ood") or {}).get("feature_acc") is not None for r in runs):  # SRAVEN: per answer feature
         columns.append(("ood", "feature_acc", "ood per-feature acc (%)"))
@@ -163,7 +165,7 @@ def build_report(run_dirs: list[str | Path], out: Path, latents: int = 0, permut
         f"(mean +- s.e., 3 seeds) where the configuration matches it.\n\n{table}\n",
         "\n".join(f"![{f}]({f})" for f in figures) + "\n",
     ]
-    if latents and runs[0].task.latent_probe is not None:  # a task without a probe has no section
+    if latents and task.latent_probe is not None:  # a task without a probe has no section
         from hyla.analysis.latent_summary import figure_lines, latent_section
 
         lines, latent_figs, results = latent_section(groups, labels, out, latents, permutations)
@@ -255,7 +257,7 @@ def report_error(err: ValueError | OSError) -> int:
 def readme_table_command(out: str | None, sweep_root: str | None) -> int:
     """Print the README's paper-vs-ours table; with ``out`` (a README) also rewrite it between the markers."""
     from hyla.analysis.paper_report import readme_table, replace_readme_table
-    from hyla.train.sweepfile import RECORD_ROOT
+    from hyla.train.sweeps import RECORD_ROOT
 
     try:
         table = readme_table(Path(sweep_root or RECORD_ROOT))
@@ -276,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.paper:
         from hyla.analysis.paper_report import LATENT_PROBLEMS, paper_report
-        from hyla.train.sweepfile import RECORD_ROOT
+        from hyla.train.sweeps import RECORD_ROOT
 
         try:
             latents = LATENT_PROBLEMS if args.latents is None else args.latents

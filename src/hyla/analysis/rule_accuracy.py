@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hyla.tasks.sraven import RULE_NAMES
-from hyla.train.rundir import TrainedRun, load_trained
+from hyla.train.run.folder import TrainedRun, load_trained
 
 __all__ = ["answers_of_other_slots", "feature_keeps_its_slot", "rule_accuracy", "rule_accuracy_markdown"]
 

@@ -12,14 +12,14 @@ from pathlib import Path
 from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
 from hyla.analysis.stats import mean_se
 from hyla.tasks import PaperColumn, task_entry
-from hyla.train.rundir import RunRecord, has_record, read_pieces, read_run, run_state
-from hyla.train.sweepfile import RunSpec, Sweep
+from hyla.train.run.folder import RunRecord, has_record, read_pieces, read_run, run_state
+from hyla.train.sweeps import RunSpec, Sweep
 
 
 def paper_column(task: str) -> PaperColumn:
     """The task's Table A1 column; a task outside the paper gets one of its primary metric on ``ood``."""
-    cls = task_entry(task).task
-    return cls.paper_column or PaperColumn(-1, cls.primary_metric, f"OOD {cls.metric_title} (%)")
+    entry = task_entry(task)
+    return entry.paper_column or PaperColumn(-1, entry.task.primary_metric, f"OOD {entry.metric_title} (%)")
 
 
 def paper_value(row: str, task: str) -> tuple[float, float] | None:

@@ -1,56 +1,10 @@
-"""Which implementation computes attention: the policy behind ``Attention(backend=...)``.
+"""Which backend computes a forward: ``choose``, a function of the requested backend and the call, made once
+per forward. What each backend covers is the table ``COVERAGE`` (``hyla.attention.kernels.coverage``) with each
+backend's own ``covers``; the measured rules of ``auto`` are below; ``docs/backends.md`` tells the whole story.
 
-A hyper value network (HYLA and its kin) goes to the chosen backend; a linear one (softmax attention itself,
-linear attention) only where the backend covers it (``fused_cpu``, also under ``auto`` on CPU, and
-``chunked``), else the direct form, silently, as before those backends covered it.
-
-``dispatch`` returns the attention heads ``y_BxHxQxD`` or ``None`` when the caller should use the
-direct form in ``hyla.attention.functional`` (whose ``attend`` does both: the one path of ``Attention`` and
-of ``hyla.functional.attention``, so no caller sees the None). Which backend covers which variant (and dtype, device)
-is the table ``COVERAGE`` in ``hyla.attention.kernels.coverage``. The backends (former names, still
-accepted: ``reference`` for ``direct``, ``explicit`` for ``manual_backward``):
-
-* ``direct``: the direct form, memory O(B * Q * K * D) (the hidden tensor is materialized);
-* ``fused_cpu``: ``hyla.attention.kernels.c``, a C kernel (OpenMP, forward and backward) that
-  never writes a ``B x H x Q x K`` tensor, built on first use with the system C compiler;
-  ``value_network`` ``hyper`` or ``linear`` with every normalization, every phi, float32/float64, masks, biases
-  broadcastable to ``1xHxQxK``, attention dropout, first-order gradients; registered as the custom ops
-  ``hyla::fused_cpu_attention`` (+ ``_backward``), so it works under ``torch.compile`` and, with the
-  runs folded into the batch, under ``torch.vmap`` (stacked runs); otherwise it raises
-  ``CpuKernelUnavailableError`` naming the cause;
-* ``manual_backward``: ``hyla.attention.kernels.manual_backward``, the direct form's arithmetic as an
-  ``autograd.Function`` with a hand-derived backward that makes far fewer passes over the
-  ``B x H x Q x K`` scores; ``value_network="hyper"`` with ``rms_head`` or ``none``, any device and
-  dtype, first-order gradients, not inside ``torch.vmap``; under ``torch.compile`` it traces the
-  direct form instead (Inductor fuses its passes);
-* ``chunked``: ``hyla.attention.kernels.chunked``, pure PyTorch, ``chunk_size`` queries at a time,
-  memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device;
-* ``fused``: ``hyla.attention.kernels.triton``, a Triton kernel (forward and backward) that never
-  materializes the hidden tensor, registered as the custom op ``hyla::fused_attention`` (autograd,
-  ``torch.compile``). It runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (slow: for tests).
-  It covers ``value_network="hyper"`` with ``normalization`` ``rms_head`` or ``none`` (every phi),
-  float32 / bfloat16 / float16, up to 32 heads and head dims up to 128, any bias broadcastable to
-  ``BxHxQxK`` and any bool mask broadcastable to ``Bx1xQxK``. Asked for a case outside that
-  (``hyla_softmax``, ``hyla_plus``, 64 heads, CPU without the interpreter, ...), it raises
-  ``FusedUnavailableError`` (a ``NotImplementedError``) naming the cause;
-* a mask that varies over heads (``B x H x Q x K`` with H > 1, which ``hyla.functional.attention`` accepts as
-  SDPA does) is beyond both kernels, which take one mask for all heads: ``auto`` leaves it to
-  ``manual_backward`` or the direct form, ``fused_cpu`` asked for it raises;
-* with attention dropout (a keep-mask given), only the backends whose ``COVERAGE`` entry has
-  ``dropout`` run it (``fused_cpu``, also when ``auto`` chooses it); the others leave it to the direct form;
-* ``auto``: on CPU (any non-CUDA device), by ``cpu_auto_choice``: ``fused_cpu`` when it covers the
-  case (and a C compiler is there) and head dims are at most 8 or (hyper value networks) the scores
-  tensor is large, else ``manual_backward`` for head dims up to 16 when it covers the case (e.g.
-  bfloat16), else the direct form, silently. On CUDA, by ``cuda_auto_choice``: the direct form for
-  head dims up to 8 with fewer than 2^24 scores (the kernel would be mostly padding); else ``fused`` when
-  the case is covered, otherwise the direct form, with a one-time warning per cause.
-  Before ``auto`` first uses the Triton kernel for a new signature (device, dtype,
-  heads, head dims, variant, bias/mask present) it runs it once on small random inputs of that
-  signature, forward and backward, against the direct form (``fused_self_test``); a kernel that
-  fails to compile or disagrees is not used for that signature (warning once). Under
-  ``torch.compile`` tracing the check cannot run, and an unchecked signature uses the kernel (the
-  trainer therefore runs one eager forward before compiling). Inside ``torch.vmap`` (stacked runs) the
-  op has no batching rule: ``auto`` uses the direct form there.
+A backend asked for by name runs what it covers and raises its own error naming the cause for the rest, except
+what it leaves to the direct form silently: a linear value network (softmax attention itself) it does not
+cover, attention dropout it does not apply, and ``manual_backward`` under ``torch.compile`` tracing.
 """
 
 from __future__ import annotations
@@ -60,19 +14,20 @@ import warnings
 import torch
 from torch import Tensor
 
+from hyla.attention.backend import AttentionCall, Backend, per_head_mask_reason
 from hyla.attention.config import AttentionConfig, canonical_backend
+from hyla.attention.direct import DIRECT
 from hyla.attention.functional import hypernetwork_attention
-from hyla.attention.kernels.c import fused_cpu_hypernetwork_attention, fused_cpu_unsupported_reason
-from hyla.attention.kernels.chunked import chunked_hypernetwork_attention
+from hyla.attention.kernels.c.wrapper import FUSED_CPU
+from hyla.attention.kernels.chunked import CHUNKED
 from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
-from hyla.attention.kernels.errors import CpuKernelUnavailableError
-from hyla.attention.kernels.manual_backward import (
-    manual_backward_hypernetwork_attention,
-    manual_backward_unsupported_reason,
-)
-from hyla.attention.kernels.triton import fused_hypernetwork_attention, fused_unsupported_reason, launch_fused
+from hyla.attention.kernels.manual_backward import MANUAL_BACKWARD
+from hyla.attention.kernels.triton.wrapper import FUSED, fused_hypernetwork_attention
 
-__all__ = ["cpu_auto_choice", "cuda_auto_choice", "dispatch", "fused_self_test"]
+__all__ = ["BY_NAME", "choose", "cpu_auto_choice", "cuda_auto_choice", "cuda_kernel_pays", "fused_self_test"]
+
+#: every backend by its name (``auto`` is a choice among them)
+BY_NAME: dict[str, Backend] = {b.name: b for b in (DIRECT, CHUNKED, MANUAL_BACKWARD, FUSED_CPU, FUSED)}
 
 _WARNED: set[str] = set()
 #: signature -> None (the kernel passed its self-test) or why it failed
@@ -87,13 +42,6 @@ def _warn_once(reason: str) -> None:
             "using the direct form",
             stacklevel=3,
         )
-
-
-def _per_head_mask_reason(mask: Tensor | None) -> str | None:
-    """Why the kernels cannot take ``mask`` (one that varies over heads), or None."""
-    if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:
-        return f"a mask that varies over heads (shape {tuple(mask.shape)}; covered: broadcastable to Bx1xQxK)"
-    return None
 
 
 def _signature(q: Tensor, v: Tensor, config: AttentionConfig, mask: Tensor | None, bias: Tensor | None) -> tuple:
@@ -168,28 +116,19 @@ FUSED_CPU_MIN_SCORES = 2**23
 MANUAL_BACKWARD_MAX_HEAD_DIM = 16
 
 
-def cpu_auto_choice(
-    config: AttentionConfig,
-    q_BxHxQxE: Tensor,
-    k_BxHxKxE: Tensor,
-    v_BxHxKxD: Tensor,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-) -> str:
-    """What ``backend="auto"`` runs on CPU for this case: ``fused_cpu``, ``manual_backward`` or ``direct``."""
-    b, h, nq, e = q_BxHxQxE.shape
-    head_dim = max(e, v_BxHxKxD.shape[-1])
+def cpu_auto_choice(call: AttentionCall) -> Backend:
+    """What ``backend="auto"`` runs on CPU (any non-CUDA device): ``fused_cpu``, ``manual_backward`` or the
+    direct form, each only where it covers the call (dropout included)."""
+    q, k, v = call.q_BxHxQxE, call.k_BxHxKxE, call.v_BxHxKxD
+    b, h, nq, e = q.shape
+    head_dim = max(e, v.shape[-1])
     # (the large-scores rule was measured for HYLA; softmax attention keeps the C kernel to the head dims measured)
-    large = config.is_hyper and b * h * nq * k_BxHxKxE.shape[-2] >= FUSED_CPU_MIN_SCORES
-    tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
-    fused_cpu_covers = _per_head_mask_reason(mask) is None and fused_cpu_unsupported_reason(config, *tensors) is None
-    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and fused_cpu_covers:
-        return "fused_cpu"
-    if torch.compiler.is_compiling():  # manual_backward is not traceable (see dispatch)
-        return "direct"
-    if head_dim <= MANUAL_BACKWARD_MAX_HEAD_DIM and manual_backward_unsupported_reason(config, *tensors) is None:
-        return "manual_backward"
-    return "direct"
+    large = call.config.is_hyper and b * h * nq * k.shape[-2] >= FUSED_CPU_MIN_SCORES
+    if (head_dim <= FUSED_CPU_MAX_HEAD_DIM or large) and FUSED_CPU.covers(call) is None:
+        return FUSED_CPU
+    if head_dim <= MANUAL_BACKWARD_MAX_HEAD_DIM and _runs(MANUAL_BACKWARD, call):
+        return MANUAL_BACKWARD
+    return DIRECT
 
 
 #: ``auto`` on CUDA (measured on an H100): the Triton kernel pads head dims to
@@ -201,86 +140,66 @@ CUDA_DIRECT_MAX_HEAD_DIM = 8
 CUDA_DIRECT_MAX_SCORES = 2**24
 
 
-def cuda_auto_choice(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, v_BxHxKxD: Tensor) -> str:
-    """What ``backend="auto"`` runs on CUDA, before its coverage checks: ``fused`` or ``direct``."""
-    b, h, nq, e = q_BxHxQxE.shape
-    small = b * h * nq * k_BxHxKxE.shape[-2] < CUDA_DIRECT_MAX_SCORES
-    if max(e, v_BxHxKxD.shape[-1]) <= CUDA_DIRECT_MAX_HEAD_DIM and small:
-        return "direct"
-    return "fused"
+def cuda_kernel_pays(call: AttentionCall) -> bool:
+    """Whether on CUDA the Triton kernel beats the direct form at these sizes (shape arithmetic only, which
+    ``torch.compile`` traces without a graph break, also in ``torch.vmap``)."""
+    q, k, v = call.q_BxHxQxE, call.k_BxHxKxE, call.v_BxHxKxD
+    b, h, nq, e = q.shape
+    small = b * h * nq * k.shape[-2] < CUDA_DIRECT_MAX_SCORES
+    return not (max(e, v.shape[-1]) <= CUDA_DIRECT_MAX_HEAD_DIM and small)
 
 
-def dispatch(
-    backend: str,
-    q_BxHxQxE: Tensor,
-    k_BxHxKxE: Tensor,
-    v_BxHxKxD: Tensor,
-    config: AttentionConfig,
-    *,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-    w_mid_HxDxD: Tensor | None = None,
-    chunk_size: int = 256,
-    dropout_keep_11xQxK: Tensor | None = None,
-    dropout: float = 0.0,
-) -> Tensor | None:
-    """``y_BxHxQxD`` from the chosen backend, or None: use the direct form.
-
-    ``mask`` is bool broadcastable to ``BxHxQxK`` (True = may attend; the kernels take ``Bx1xQxK``), ``bias``
-    broadcastable to ``BxHxQxK``; ``w_mid_HxDxD`` is the extra generated layer of ``hyper_deep`` (not fused). With
-    ``dropout_keep_11xQxK`` (attention dropout at rate ``dropout``,
-    ``dropout_keep_mask``) only a backend that covers dropout runs.
-    ``backend`` is one of ``BACKENDS`` or a former name of one.
-    """
-    backend = canonical_backend(backend)
-    if backend == "direct":
-        return None
-    if not config.is_hyper and not (
-        (backend == "auto" and q_BxHxQxE.device.type != "cuda")
-        or (backend in COVERAGE and variant_unsupported_reason(backend, config) is None)
-    ):  # a linear value network (softmax attention itself) takes the direct form unless the backend covers it
-        return None
-    if dropout_keep_11xQxK is not None:  # only a backend that drops may run it: settle auto's choice first
-        if backend == "auto" and q_BxHxQxE.device.type != "cuda":
-            backend = cpu_auto_choice(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask, bias)
-        if not (backend in COVERAGE and COVERAGE[backend].dropout):
-            return None
-    drop = {"dropout_keep_11xQxK": dropout_keep_11xQxK, "dropout": dropout}
-    if backend == "chunked":
-        return chunked_hypernetwork_attention(
-            q_BxHxQxE,
-            k_BxHxKxE,
-            v_BxHxKxD,
-            config,
-            mask_Bx1xQxK=mask,
-            bias=bias,
-            w_mid_HxDxD=w_mid_HxDxD,
-            chunk_size=chunk_size,
-        )
-    q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
-    if backend == "fused":
-        return fused_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    if backend == "fused_cpu":
-        reason = _per_head_mask_reason(mask)
-        if reason is not None:
-            raise CpuKernelUnavailableError(f"the fused CPU kernel does not cover {reason}")
-        return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **drop)
-    if backend == "manual_backward" or (backend == "auto" and q.device.type != "cuda"):
-        choice = cpu_auto_choice(config, q, k, v, mask, bias) if backend == "auto" else "manual_backward"
-        if choice == "fused_cpu":
-            return fused_cpu_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias, **drop)
-        if choice == "direct" or torch.compiler.is_compiling():
-            # manual_backward is an autograd.Function whose backward trips a PyTorch internal assert when
-            # Dynamo traces it (torch 2.13); compiled, Inductor fuses the direct form's passes itself
-            return None
-        return manual_backward_hypernetwork_attention(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
-    # auto on CUDA; shape arithmetic first, which torch.compile traces without a graph break (also in vmap)
-    if cuda_auto_choice(q, k, v) == "direct":
-        return None
-    reason = _per_head_mask_reason(mask) or fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)
+def cuda_auto_choice(call: AttentionCall) -> Backend:
+    """What ``backend="auto"`` runs on CUDA: the Triton kernel where it pays at these sizes, covers the call
+    and passed its self-test for the call's signature, else the direct form (warning once per cause)."""
+    if not cuda_kernel_pays(call):
+        return DIRECT
+    q, v = call.q_BxHxQxE, call.v_BxHxKxD
+    if not call.config.is_hyper or call.dropout_keep_11xQxK is not None:
+        return DIRECT
+    reason = per_head_mask_reason(call.mask) or FUSED.covers(call)
     if reason is not None:
         _warn_once(reason)
-        return None
-    if not _checked(q, v, config, mask, bias):
-        return None
-    return launch_fused(q, k, v, config, mask_Bx1xQxK=mask, bias=bias)  # checked just above
+        return DIRECT
+    if not _checked(q, v, call.config, call.mask, call.bias):
+        return DIRECT
+    return FUSED
+
+
+def _runs(backend: Backend, call: AttentionCall) -> bool:
+    """Whether ``backend`` may run ``call`` here: it covers it and, under ``torch.compile`` tracing, is
+    traceable (``manual_backward``'s backward trips a PyTorch internal assert when Dynamo traces it, torch
+    2.13; compiled, Inductor fuses the direct form's passes itself)."""
+    return backend.covers(call) is None and (backend.traceable or not torch.compiler.is_compiling())
+
+
+def choose(requested: str, call: AttentionCall) -> Backend:
+    """The backend that computes ``call`` when ``requested`` (one of ``BACKENDS``, already canonical) is asked
+    for: never None (the direct form is a backend too).
+
+    Raises:
+        the requested backend's own error (``CpuKernelUnavailableError``, ``FusedUnavailableError``,
+        ``ValueError``) where it was asked for by name and does not cover the call.
+    """
+    if requested == "auto":
+        return cuda_auto_choice(call) if call.q_BxHxQxE.device.type == "cuda" else cpu_auto_choice(call)
+    if requested not in BY_NAME:  # a former name, mapped with its warning, or one that names the choices
+        requested = canonical_backend(requested)
+        if requested == "auto":
+            return choose(requested, call)
+    backend = BY_NAME[requested]
+    if backend is DIRECT:
+        return DIRECT
+    config = call.config
+    coverage = COVERAGE[requested]
+    left_to_direct = (
+        (not config.is_hyper and variant_unsupported_reason(requested, config) is not None)
+        or (call.dropout_keep_11xQxK is not None and not coverage.dropout)
+        or (not backend.traceable and torch.compiler.is_compiling())
+    )
+    if left_to_direct:
+        return DIRECT
+    reason = backend.covers(call)
+    if reason is not None:
+        raise backend.unavailable(reason)
+    return backend

@@ -13,9 +13,7 @@ per-(q, k) loop in ``hyla.attention.naive``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,14 +77,13 @@ def normalize_scores(
     raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
 
 
-_SUPPLIED_KEEP_MASKS: ContextVar[Iterator[Tensor] | None] = ContextVar("supplied_keep_masks", default=None)
-
-
 def draw_keep_mask(
     num_queries: int, num_keys: int, p: float, device: torch.device, generator: torch.Generator | None = None
 ) -> Tensor:
-    """A keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
-    drawn from ``generator`` (default: torch's default generator of ``device``)."""
+    """A keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``), one for
+    the whole batch and every head, drawn from ``generator`` (default: torch's default generator of ``device``).
+    A caller that must choose the masks (a stack of runs, each drawing from its own generator) passes them to
+    ``Attention.forward(dropout_keep=...)`` instead."""
     shape = (1, 1, num_queries, num_keys)
     # generator=None selects torch.rand's generator overload, which torch.compile cannot trace with a
     # symbolic size (the query count differs between layers): pass a generator only when there is one
@@ -96,42 +93,14 @@ def draw_keep_mask(
     return uniform >= p
 
 
-@contextmanager
-def supplied_keep_masks(masks_11xQxK: Sequence[Tensor]) -> Iterator[None]:
-    """Inside, ``dropout_keep_mask`` hands out ``masks_11xQxK`` in order instead of drawing (an error if
-    it is asked for more or fewer). A stack of runs draws each run's masks beforehand from that run's own
-    generator, so that each run drops exactly the pairs its lone run drops (``hyla.train.stacked``)."""
-    supply = iter(masks_11xQxK)
-    token = _SUPPLIED_KEEP_MASKS.set(supply)
-    try:
-        yield
-    finally:
-        _SUPPLIED_KEEP_MASKS.reset(token)
-    if next(supply, None) is not None:
-        raise RuntimeError(f"{len(masks_11xQxK)} dropout masks were supplied but the forward used fewer")
-
-
-def dropout_keep_mask(num_queries: int, num_keys: int, p: float, device: torch.device) -> Tensor:
-    """The keep-mask of attention dropout, bool ``1 x 1 x Q x K`` (True = kept with probability ``1 - p``),
-    one for the whole batch and every head: the next of ``supplied_keep_masks`` when inside it,
-    else drawn from torch's default generator of ``device``."""
-    supply = _SUPPLIED_KEEP_MASKS.get()
-    if supply is None:
-        return draw_keep_mask(num_queries, num_keys, p, device)
-    mask = next(supply, None)
-    if mask is None:
-        raise RuntimeError("the forward asked for more dropout masks than were supplied")
-    return mask
-
-
 def drop_pairs(a_BxHxQxK: Tensor, p: float, keep_11xQxK: Tensor | None = None) -> Tensor:
     """Attention dropout on the latent code: kept pairs scaled by ``1 / (1 - p)``, the others zero;
-    ``keep_11xQxK`` drawn by ``dropout_keep_mask`` unless given.
+    ``keep_11xQxK`` drawn by ``draw_keep_mask`` unless given.
 
     One multiplier ``keep / (1 - p)`` in the code's dtype, as the authors' code (flax) makes it: one pass over
     the code instead of two."""
     if keep_11xQxK is None:
-        keep_11xQxK = dropout_keep_mask(*a_BxHxQxK.shape[-2:], p, a_BxHxQxK.device)
+        keep_11xQxK = draw_keep_mask(*a_BxHxQxK.shape[-2:], p, a_BxHxQxK.device)
     return a_BxHxQxK * (keep_11xQxK.to(a_BxHxQxK.dtype) / (1 - p))
 
 

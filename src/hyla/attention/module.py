@@ -21,8 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from hyla.attention import functional as fn
-from hyla.attention.attend import DirectFormHooks, attend
+from hyla.attention.attend import attend
 from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
+from hyla.attention.direct import DirectFormHooks
 from hyla.attention.functional import causal_mask
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
 
@@ -306,6 +307,7 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         q_offset: int = 0,
         return_latent: bool = False,
+        dropout_keep: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (queries) to ``context`` (keys/values; ``x`` itself when None).
@@ -323,6 +325,9 @@ class Attention(nn.Module):
             q_offset: position of the first query within the key sequence (for causality, relative
                 positions and RoPE), e.g. ``T - P`` when ``x`` holds the last P tokens of ``context``.
             return_latent: also return the latent code ``a_BxHxQxK`` (the normalized scores).
+            dropout_keep: while dropout applies (training, ``dropout > 0``), the (q, k) pairs to keep, bool
+                ``1 x 1 x Q x K`` (``hyla.attention.functional.draw_keep_mask``), instead of drawing them from
+                torch's default generator: for a caller that chooses each forward's masks (a stack of runs).
             key_padding_mask: deprecated, ``~key_mask``: bool ``BxK``, True at padded keys.
 
         Returns:
@@ -347,7 +352,7 @@ class Attention(nn.Module):
             pair_mask, bias = fn.mask_and_bias(attn_mask, self.config.normalization, (b, h, nq, nk), q.dtype, bias)
         # with a causal cache the offset already encodes the query positions
         mask = self.build_mask(b, nq, nk, q_offset, device=q.device, key_mask_BxK=key_mask, attn_mask=pair_mask)
-        y_BxHxQxD, a = self._attend(q, k, v, mask, bias, need_latent=return_latent)
+        y_BxHxQxD, a = self._attend(q, k, v, mask, bias, return_latent, dropout_keep)
         y_BxHxQxD = self.hook_heads(y_BxHxQxD)
         out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))
         return (out, a) if return_latent else out
@@ -363,10 +368,21 @@ class Attention(nn.Module):
         return self.training and self.dropout > 0
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_latent: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_latent: bool,
+        dropout_keep: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        # drawn before anything else uses the generator, the same mask whichever form runs
-        keep = fn.dropout_keep_mask(q.shape[2], k.shape[2], self.dropout, q.device) if self._drops else None
+        nq, nk = q.shape[2], k.shape[2]
+        if dropout_keep is not None:
+            _check_dropout_keep(dropout_keep, self._drops, nq, nk)
+        elif self._drops:  # drawn before anything else uses the generator: the same mask whichever form runs
+            dropout_keep = fn.draw_keep_mask(nq, nk, self.dropout, q.device)
+        keep = dropout_keep
         return attend(
             q,
             k,
@@ -452,6 +468,16 @@ def _caller_stacklevel() -> int:
     ):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _check_dropout_keep(keep: Tensor, drops: bool, num_queries: int, num_keys: int) -> None:
+    if not drops:
+        raise ValueError("dropout_keep is for a forward that drops (training, dropout > 0); this one does not")
+    if keep.dtype != torch.bool or tuple(keep.shape) != (1, 1, num_queries, num_keys):
+        raise ValueError(
+            f"dropout_keep must be a bool tensor of shape (1, 1, queries={num_queries}, keys={num_keys}), "
+            f"got dtype {keep.dtype} shape {tuple(keep.shape)}"
+        )
 
 
 def _check_key_mask(name: str, mask_BxK: Tensor, batch: int, num_keys: int, meaning: str) -> None:

@@ -103,7 +103,7 @@ def measure(
         from hyla.attention import attention_preset
         from hyla.attention.kernels import fused_unsupported_reason
 
-        reason = fused_unsupported_reason(q, k, v, attention_preset("hyla"))
+        reason = fused_unsupported_reason(attention_preset("hyla"), q, k, v)
         if reason is not None:
             return {"status": f"unavailable: {reason}"}
     if variant == "hyla_fused_cpu":

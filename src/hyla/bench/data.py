@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hyla.bench import device_label, positive_ints, require_device, require_writable
-from hyla.tasks import make_task, standalone_tasks
+from hyla.tasks import make_task, standalone_tasks, task_entry
 
 
 def _sync(device: str) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             line += f", {raw:>12,.0f} problems/s (sample_problems: grids, no encoding)"
         print(line)
     if args.ambiguity:
-        for criterion in task.ambiguity_criteria:
+        for criterion in task_entry(task_name).ambiguity_criteria:
             t0 = time.perf_counter()
             frac = task.ambiguous_fraction(args.ambiguity, 0, criterion)
             result[f"ambiguous_fraction_{criterion}"] = frac

@@ -26,8 +26,8 @@ from hyla.cpu import blas_path
 from hyla.models import Transformer, TransformerConfig, num_parameters
 from hyla.models.transformer import GELU_APPROXIMATIONS
 from hyla.tasks import REGISTRY, task_entry
-from hyla.train.fast import keep_compiled_code_apart
-from hyla.train.optim import FUSED_ADAMW_DEVICES
+from hyla.train.engines.fast import keep_compiled_code_apart
+from hyla.train.engines.optim import FUSED_ADAMW_DEVICES
 
 #: the sizes of the paper's model (notes section 2) read from the task's config in ``hyla/configs/``; seq_len
 #: and input/output sizes come from the task encoding, the rest of the model is the variant's
@@ -36,14 +36,14 @@ PAPER_MODEL_SIZES = ("num_layers", "emb_dim", "num_heads", "qk_dim", "v_dim", "m
 
 def paper_tasks() -> tuple[str, ...]:
     """The tasks with a paper model that ``make_task`` builds."""
-    return tuple(name for name, entry in REGISTRY.items() if entry.task.paper_config and entry.task.standalone)
+    return tuple(name for name, entry in REGISTRY.items() if entry.paper_config and entry.standalone)
 
 
 def paper_model(task: str) -> dict[str, int]:
-    """The model sizes of the task's paper config (``hyla.tasks.base.Task.paper_config``)."""
+    """The model sizes of the task's paper config (``hyla.tasks.entry.TaskEntry.paper_config``)."""
     from hyla.train.config import read_config_values
 
-    model = read_config_values(str(task_entry(task).task.paper_config))["model"]
+    model = read_config_values(str(task_entry(task).paper_config))["model"]
     return {k: model[k] for k in PAPER_MODEL_SIZES}
 
 
@@ -84,7 +84,7 @@ def time_variant(
         **paper_model(task),
     )
     model = Transformer(cfg).to(device)
-    fused = torch.device(device).type in FUSED_ADAMW_DEVICES  # as training's AdamW (hyla.train.optim)
+    fused = torch.device(device).type in FUSED_ADAMW_DEVICES  # as training's AdamW (hyla.train.engines.optim)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=fused)
     if compile_model:
         keep_compiled_code_apart()

@@ -5,7 +5,7 @@ per-step metric accumulation; no evaluation or logging) after a warm-up, with th
 (``hyla/configs/<task>.yaml``) and each given attention variant. Lone and stacked blocks of ``--steps``
 steps alternate ``--repeats`` times and the median block is reported, which tempers a shared
 machine's load changes (the load average is recorded too). ``--fast`` sets ``train.fast``
-(``hyla.train.fast``); ``--time-eval`` also times one evaluation, to project the wall time of
+(``hyla.train.engines.fast``); ``--time-eval`` also times one evaluation, to project the wall time of
 the config's full run; ``--check-syncs`` (CUDA) fails the step on any host synchronization.
 On a CPU with at least as many runs as cores the lone step is also timed on one core: how well a
 lone run already uses the cores bounds what stacking can save.

@@ -8,6 +8,7 @@ embedding) or token ids (token embedding). Hook points name every residual-strea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hyla.attention import PRESETS, Attention, HookPoint, KVCache, attention_preset
-from hyla.attention.kernels.c.gelu import gelu
+from hyla.ops.gelu import gelu
 
 FEEDFORWARDS: tuple[str, ...] = ("gelu", "swiglu")
 NORMS: tuple[str, ...] = ("layer", "rms")
@@ -136,7 +137,7 @@ def make_norm(kind: str, dim: int, eps: float = 1e-5) -> nn.Module:
 
 class MLP(nn.Module):
     """GELU MLP or SwiGLU (``swiglu``: ``W2 (silu(W_g x) * W_1 x)``, no biases). A tanh GELU on the CPU is the
-    C kernel's (``hyla.attention.kernels.c.gelu.gelu``)."""
+    C kernel's (``hyla.ops.gelu.gelu``)."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "gelu", gelu_approximate: str = "none"):
         super().__init__()
@@ -221,16 +222,24 @@ class Block(nn.Module):
         key_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
         last_positions: int | None = None,
+        dropout_keep: Tensor | None = None,
     ) -> Tensor:
-        """``last_positions=P``: compute only the last P positions' outputs (queries), over all keys."""
+        """``last_positions=P``: compute only the last P positions' outputs (queries), over all keys;
+        ``dropout_keep``: the attention's dropout keep-mask (``Attention.forward``'s), or None: drawn."""
         x = self.hook_resid_pre(x)
         h = self.norm1(x)
         key_mask = None if key_padding_mask is None else ~key_padding_mask  # the attention's True = attend
         if last_positions is None:
-            attn_out = self.attn(h, key_mask=key_mask, cache=cache)
+            attn_out = self.attn(h, key_mask=key_mask, cache=cache, dropout_keep=dropout_keep)
         else:
             t = h.shape[1]
-            attn_out = self.attn(h[:, t - last_positions :], h, key_mask=key_mask, q_offset=t - last_positions)
+            attn_out = self.attn(
+                h[:, t - last_positions :],
+                h,
+                key_mask=key_mask,
+                q_offset=t - last_positions,
+                dropout_keep=dropout_keep,
+            )
             x = x[:, t - last_positions :]
         z = self.hook_resid_mid(x + self.hook_attn_out(attn_out))
         return z + self.hook_ff_out(self.ff(self.norm2(z)))
@@ -264,16 +273,20 @@ class Transformer(nn.Module):
         key_padding_mask: Tensor | None = None,
         caches: list[KVCache] | None = None,
         last_positions: int | None = None,
+        dropout_keeps: Sequence[Tensor] | None = None,
     ) -> Tensor:
         """``inputs``: ``B x T x input_dim`` floats or ``B x T`` token ids; returns ``B x T x output_dim``.
 
         ``last_positions=P`` returns only the last P positions (``B x P x output_dim``), equal to
         ``forward(inputs)[:, -P:]`` but cheaper: the last block computes only those queries.
+        ``dropout_keeps``: in a training forward, the attention dropout keep-masks to use instead of drawing
+        them, one per block whose attention drops, shaped as ``dropout_mask_shapes`` lists them.
         """
         if last_positions is not None and not 1 <= last_positions <= inputs.shape[1]:
             raise ValueError(f"last_positions must be in 1..{inputs.shape[1]} (sequence length), got {last_positions}")
         if last_positions is not None and caches is not None:
             raise ValueError("last_positions and caches cannot be combined")
+        keeps = self._keeps_per_block(dropout_keeps)
         x = self.embed(inputs)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
@@ -282,6 +295,7 @@ class Transformer(nn.Module):
                 key_padding_mask,
                 None if caches is None else caches[i],
                 last_positions if i == last else None,
+                keeps[i],
             )
         return self.readout(self.hook_resid_final(self.norm(x)))
 
@@ -292,6 +306,21 @@ class Transformer(nn.Module):
         last = len(self.blocks) - 1
         queries = [last_positions if i == last and last_positions is not None else seq_len for i in range(last + 1)]
         return [(q, seq_len) for q, block in zip(queries, self.blocks) if block.attn.dropout > 0]
+
+    def _keeps_per_block(self, dropout_keeps: Sequence[Tensor] | None) -> list[Tensor | None]:
+        """``dropout_keeps`` spread over the blocks: each dropping block's mask, None for the others."""
+        dropping = [i for i, block in enumerate(self.blocks) if block.attn.dropout > 0]
+        keeps: list[Tensor | None] = [None] * len(self.blocks)
+        if dropout_keeps is None:
+            return keeps
+        if len(dropout_keeps) != len(dropping):
+            raise ValueError(
+                f"dropout_keeps must hold one mask per block whose attention drops ({len(dropping)}), "
+                f"got {len(dropout_keeps)}"
+            )
+        for i, keep in zip(dropping, dropout_keeps):
+            keeps[i] = keep
+        return keeps
 
     @property
     def aux_loss(self) -> Tensor:

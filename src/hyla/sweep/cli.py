@@ -16,8 +16,7 @@ from hyla.sweep.groups import Group, RunsFailed, failed_runs, plan_sweep, states
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
-from hyla.train.plan import SWEEP_MAX_STACK
-from hyla.train.sweepfile import RECORD_ROOT, RunSpec, Sweep, check_slurm, load_sweep
+from hyla.train.sweeps import RECORD_ROOT, SWEEP_MAX_STACK, RunSpec, Sweep, check_slurm, load_sweep
 
 LAUNCHERS = ("local", "slurm", "submitit-local")
 #: seconds kept free at the end of ``--max-minutes`` for the last checkpoint and evaluation (at most this,
@@ -92,8 +91,8 @@ def failure_line(sweep: Sweep, root: Path, failed: dict[str, str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hyla.train.checkpoint import CheckpointError
-    from hyla.train.lock import FolderLock
+    from hyla.train.run.checkpoint import CheckpointError
+    from hyla.train.run.lock import FolderLock
 
     t_start = time.monotonic()
     try:
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace, sweep: Sweep, specs: list[RunSpec], root: Path, t_start: float) -> int:
     """Read the runs' states, then print the commands, the dry run, or train; failed runs (a NaN/inf loss)
     are skipped unless ``--retry-failed``."""
-    from hyla.train.checkpoint import CheckpointError
+    from hyla.train.run.checkpoint import CheckpointError
 
     try:
         states, pending = states_and_pending(specs, root)
@@ -167,9 +166,9 @@ def _train(
 ) -> int:
     """Train ``groups`` (the ``pending`` of ``selected`` runs; failed ones ``skipped``); the exit code."""
     from hyla.textio import DISK_FAULTS
-    from hyla.train.checkpoint import CheckpointError, checkpoint_write_failure
     from hyla.train.cli import failure_exit_code
     from hyla.train.loop import Interrupted, NonFiniteLossError
+    from hyla.train.run.checkpoint import CheckpointError, checkpoint_write_failure
 
     deadline = None if args.max_minutes is None else budget_deadline(t_start, args.max_minutes)
     print(f"{sweep.name}: {len(pending)} of {selected} runs to train into {root}", flush=True)

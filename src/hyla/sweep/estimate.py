@@ -13,9 +13,8 @@ from pathlib import Path
 from hyla.sweep.groups import Group
 from hyla.sweep.workers import worker_threads
 from hyla.train.config import ExperimentConfig
-from hyla.train.plan import describe_plan
-from hyla.train.rundir import last_step
-from hyla.train.sweepfile import RunSpec
+from hyla.train.run.folder import last_step
+from hyla.train.sweeps import RunSpec, describe_plan
 
 
 def estimate_seconds(

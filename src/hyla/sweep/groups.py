@@ -1,7 +1,7 @@
 """A sweep's pending runs as the groups they train in, and one group trained as one recorded piece.
 
-The grouping and the engine are the planner's (``hyla.train.plan``, shared with ``hyla train``); the
-run directories' states and ``made_by.jsonl`` are ``hyla.train.rundir``'s. Here: what a piece records
+The grouping and the engine are the planner's (``hyla.train.sweeps``, shared with ``hyla train``); the
+run directories' states and ``made_by.jsonl`` are ``hyla.train.run.folder``'s. Here: what a piece records
 (commit, machine, device, on CPU what decides how its sums round, steps, wall time) and the training of one
 group until done, a deadline or a stop. A run whose loss becomes NaN/inf is recorded as failed (its piece says
 why) and skipped by later sweeps unless retried; its group's other runs stay resumable.
@@ -25,15 +25,14 @@ from typing import Any
 import torch
 
 from hyla import cpu
-from hyla.attention.kernels.c import gelu
-from hyla.attention.kernels.c.wrapper import MARCH_ENV, source_digest, target_march
+from hyla.ops import gelu
+from hyla.ops.clib import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model, cpuinfo_field
-from hyla.train.checkpoint import CheckpointError, checkpoint_step, latest_checkpoint
 from hyla.train.config import ExperimentConfig
-from hyla.train.lock import FolderLock
-from hyla.train.plan import engine_for, plan_groups
-from hyla.train.rundir import METRICS, finish_piece_record, read_pieces, run_state, start_piece_record
-from hyla.train.sweepfile import RunSpec
+from hyla.train.run.checkpoint import CheckpointError, checkpoint_step, latest_checkpoint
+from hyla.train.run.folder import METRICS, finish_piece_record, read_pieces, run_state, start_piece_record
+from hyla.train.run.lock import FolderLock
+from hyla.train.sweeps import RunSpec, engine_for, plan_groups
 
 #: the checkout this code runs from (this file is its src/hyla/sweep/groups.py), whose commit a piece records
 SOURCE_ROOT = Path(__file__).resolve().parents[3]
@@ -58,9 +57,9 @@ class Group:
 
 
 def states_and_pending(specs: list[RunSpec], root: Path) -> tuple[dict[str, str], list[RunSpec]]:
-    """Each run's state by name (``hyla.train.rundir.run_state`` of ``root/NAME``: ``done``, ``stopped`` or
+    """Each run's state by name (``hyla.train.run.folder.run_state`` of ``root/NAME``: ``done``, ``stopped`` or
     ``new``) and the runs not done, in ``specs``' order. Reads the records, which may be damaged
-    (``hyla.train.checkpoint.CheckpointError``)."""
+    (``hyla.train.run.checkpoint.CheckpointError``)."""
     states = {s.name: run_state(root / s.name) for s in specs}
     return states, [s for s in specs if states[s.name] != "done"]
 
@@ -95,7 +94,7 @@ def plan_sweep(
     max_stack: int | None = None,
 ) -> list[Group]:
     """``specs`` (all not done; ``states`` by name, ``configs`` by name) as the groups they train in, stacks of
-    at most ``max_stack`` runs (``hyla.train.plan.plan_groups``), the group with the fewest steps left
+    at most ``max_stack`` runs (``hyla.train.sweeps.plan_groups``), the group with the fewest steps left
     first (ties in sweep order): under a time budget, runs near their end finish instead of waiting behind
     new ones."""
     cfgs = [configs[s.name] for s in specs]

@@ -8,7 +8,7 @@ from typing import Any
 
 from hyla.sweep.groups import Group, plan_sweep, states_and_pending
 from hyla.sweep.workers import train_groups
-from hyla.train.sweepfile import Sweep, load_sweep
+from hyla.train.sweeps import Sweep, load_sweep
 
 
 def executor_parameters(slurm: dict[str, Any], device: str) -> dict[str, Any]:

@@ -29,23 +29,12 @@ class Batch:
         return Batch(self.inputs.to(device), self.targets.to(device), {k: v.to(device) for k, v in self.info.items()})
 
 
-@dataclass(frozen=True)
-class PaperColumn:
-    """Where a task's runs stand in the paper's Table A1 (``hyla.analysis.paper_numbers``)."""
-
-    index: int  # the column of Table A1, also the order of the tasks in reports
-    metric: str  # the metric it reports (on ``ood``)
-    title: str  # the column's title, e.g. ``"OOD accuracy (%)"``
-    #: an OOD level of ``metric`` above every plateau the task's runs were seen to sit on before they climbed
-    #: (None: no plateau seen); ``hyla report --paper`` lists when each run first reached it
-    past_plateau: float | None = None
-
-
 class Task(ABC):
     """A stream of problems. ``sample`` must be deterministic given the generator's state.
 
-    Everything code outside ``hyla.tasks`` needs to know about a task (its config keys, its export, its
-    latent-code analysis, its paper column) is a class attribute or method here, overridden per task."""
+    A task samples, scores and states its sizes; what the rest of the code asks about it (its paper column,
+    its ``hyla data`` flags, its latent-code probe...) is its registry entry's (``hyla.tasks.entry.TaskEntry``),
+    so that this interface stays what any task must implement."""
 
     #: its ``data.task`` name
     name: ClassVar[str]
@@ -63,41 +52,6 @@ class Task(ABC):
     num_output_positions: int | None = None
     #: inputs are token ids (the model embeds a vocabulary), not vectors
     token_inputs: bool = False
-    #: why runs of this task cannot be stacked in one process (None: they can)
-    not_stackable_because: str | None = None
-    #: what ``primary_metric`` is, in words for report columns ("accuracy": "test accuracy (%)")
-    metric_title: ClassVar[str] = "accuracy"
-    #: built from its options' defaults alone (``make_task``, ``hyla bench data``); text needs a corpus
-    standalone: ClassVar[bool] = True
-    #: a trained run can continue text (``hyla generate``): the task has ``encode`` and ``decode``
-    generates_text: ClassVar[bool] = False
-    #: help of its ``hyla data`` subcommand (None: not exported)
-    export_help: ClassVar[str | None] = None
-    #: the latent-code probe its analysis runs (``hyla.analysis.latent_summary``): "rule" (labels
-    #: ``query_rule``, fit on ``test``, scored on ``ood``; also topographic similarity and pictures),
-    #: "term" (labels ``terms``, ridge on ``test``) or None (no latent-code analysis)
-    latent_probe: ClassVar[str | None] = None
-    #: its column in the paper's Table A1 (None: not in the paper)
-    paper_column: ClassVar[PaperColumn | None] = None
-    #: the config in ``hyla/configs/`` with the paper's model for this task (``hyla bench step``)
-    paper_config: ClassVar[str | None] = None
-    #: criteria of ``ambiguous_fraction`` (``hyla bench data --ambiguity``; empty: none)
-    ambiguity_criteria: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def export_options(cls) -> type:
-        """The dataclass whose fields are the ``hyla data`` flags (their ``metadata["help"]`` and defaults)."""
-        return cls.options
-
-    @classmethod
-    def from_export_options(cls, values: dict[str, Any], split_seed: int) -> Task:
-        """The task of ``hyla data`` flags (``values``: every field of ``export_options``)."""
-        return cls(**values, split_seed=split_seed)
-
-    @classmethod
-    def matches_paper_setting(cls, config: dict[str, Any]) -> bool:
-        """Whether a run's config (a dict) is the data and model setting of the paper's Table A1 column."""
-        return False
 
     @classmethod
     def from_options(cls, options: Any, split_seed: int, run_dir: Path | None = None) -> Task:

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hyla.tasks.base import Batch, PaperColumn, Task
+from hyla.tasks.base import Batch, Task
 
 RULE_NAMES: tuple[str, ...] = (
     "constant",
@@ -144,14 +144,6 @@ class SRaven(Task):
     name = "sraven"
     options = SRavenOptions
     primary_metric = "acc"
-    export_help = "symbolic Raven problems: grid, rules, perm, task_id, rule_names"
-    latent_probe = "rule"
-    # the plateaus seen in both codes: 12-20% OOD at lr 1e-3 and 29-31% at lr 3e-4; runs past them went on past
-    # 43%
-    paper_column = PaperColumn(1, "acc", "OOD accuracy (%)", past_plateau=0.40)
-    paper_config = "sraven"
-    #: criteria of ``hyla.tasks.sraven_ambiguity.is_ambiguous``, strictest first
-    ambiguity_criteria: tuple[str, ...] = ("any_panel", "paper")
 
     def __init__(
         self,
@@ -378,16 +370,6 @@ class SRaven(Task):
         return {"loss": ce, "acc": correct.all(1).float(), "feature_acc": correct.float().mean(1)}
 
     # ------------------------------------------------------------------ outside views
-    @classmethod
-    def export_options(cls) -> type:
-        return SRavenExportOptions
-
-    @classmethod
-    def from_export_options(cls, values: dict[str, Any], split_seed: int) -> SRaven:
-        text = values["rules"]
-        rules = None if text is None else [r.strip() for r in text.split(",") if r.strip()]
-        return cls(**{**values, "rules": rules}, split_seed=split_seed)
-
     def export_chunk(self, num: int, split: str, generator: torch.Generator) -> dict[str, np.ndarray]:
         """``grid`` (N, G, G, F) as the model sees it, ``rules`` (N, F) per canonical feature, ``perm``
         (N, G, F) with ``grid[n, r, c, i] == canonical[n, r, c, perm[n, c, i]]``, ``task_id`` (N,)."""
@@ -432,20 +414,28 @@ class SRaven(Task):
         grid = self.sample_problems(num, "train", torch.Generator().manual_seed(seed))["grid"]
         return is_ambiguous(self, grid, criterion=criterion).float().mean().item()
 
-    @classmethod
-    def matches_paper_setting(cls, config: dict[str, Any]) -> bool:
-        """Table A1: holdout 0.25, F=4, V=8, G=3, 4 layers of width 128 with 16 heads, 20M problems."""
-        data, model, train = config["data"], config["model"], config["train"]
-        return (
-            data["holdout"] == 0.25
-            and data["num_features"] == 4
-            and data["num_values"] == 8
-            and data.get("grid_size", 3) == 3
-            and model["num_layers"] == 4
-            and model["emb_dim"] == 128
-            and model["num_heads"] == 16
-            and train["steps"] * train["batch_size"] == 156250 * 128
-        )
+
+# ---------------------------------------------------------------------- what its registry entry states
+def from_export_options(values: dict[str, Any], split_seed: int) -> SRaven:
+    """The task of ``hyla data sraven`` flags (``SRavenExportOptions``): ``rules`` is comma-separated there."""
+    text = values["rules"]
+    rules = None if text is None else [r.strip() for r in text.split(",") if r.strip()]
+    return SRaven(**{**values, "rules": rules}, split_seed=split_seed)
+
+
+def matches_paper_setting(config: dict[str, Any]) -> bool:
+    """Table A1: holdout 0.25, F=4, V=8, G=3, 4 layers of width 128 with 16 heads, 20M problems."""
+    data, model, train = config["data"], config["model"], config["train"]
+    return (
+        data["holdout"] == 0.25
+        and data["num_features"] == 4
+        and data["num_values"] == 8
+        and data.get("grid_size", 3) == 3
+        and model["num_layers"] == 4
+        and model["emb_dim"] == 128
+        and model["num_heads"] == 16
+        and train["steps"] * train["batch_size"] == 156250 * 128
+    )
 
 
 def sraven_pairs(perm_NxGxF: Tensor, num_features: int, grid_size: int = 3) -> tuple[Tensor, Tensor]:

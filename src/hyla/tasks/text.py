@@ -139,12 +139,8 @@ class TextTask(Task):
     name = "text"
     options = TextOptions
     primary_metric = "ppl"
-    metric_title = "perplexity"
-    standalone = False
-    generates_text = True
     eval_splits = ("val",)
     num_output_positions = None
-    not_stackable_because = "language-model runs are trained one by one"
     token_inputs = True
 
     @classmethod

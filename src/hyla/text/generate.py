@@ -8,14 +8,15 @@ import sys
 
 def run(args: argparse.Namespace) -> int:
     from hyla.models.lm import generate
-    from hyla.train.rundir import load_trained
+    from hyla.tasks import task_entry
+    from hyla.train.run.folder import load_trained
 
     try:
         _path, cfg, task, model, _weights, _step = load_trained(args.run)
     except ValueError as err:
         print(f"hyla generate: error: {err}", file=sys.stderr)
         return 2
-    if not task.generates_text:
+    if not task_entry(cfg.data.task).generates_text:
         print(f"hyla generate: error: {args.run} is a {cfg.data.task} run, not a language model", file=sys.stderr)
         return 2
     ids = task.encode(args.prompt)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from hyla.models import Transformer
 from hyla.tasks import task_entry
 from hyla.tasks.base import Task
 from hyla.train.config import ExperimentConfig, task_options
+from hyla.train.seeds import model_seed
 
 
 def build_task(cfg: ExperimentConfig, run_dir: Path | None = None) -> Task:
@@ -50,5 +51,5 @@ def sized_config(cfg: ExperimentConfig, task: Task) -> ExperimentConfig:
 def build_model(cfg: ExperimentConfig, task: Task) -> Transformer:
     """The model of ``cfg`` sized by ``task``, initialized from ``cfg.seed``."""
     model_cfg = sized_config(cfg, task).model
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(model_seed(cfg.seed))
     return Transformer(model_cfg)

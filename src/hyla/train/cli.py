@@ -2,77 +2,92 @@
 
 Expansion of seeds and ``--sweep`` files into runs and the exit codes live here: 2 bad input, 3 non-finite
 loss, 128 + signal when stopped by one. The runs go through the planner of ``hyla sweep``
-(``hyla.train.plan``: groups and engines). Also runs under ``torchrun`` for DDP (lone runs).
+(``hyla.train.sweeps``: groups and engines), and ``--sweep`` files are ``hyla sweep``'s format, their runs
+named by its rule. Also runs under ``torchrun`` for DDP (lone runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
 
-from hyla.textio import FileFormatError, read_yaml
-from hyla.train.checkpoint import CheckpointError, checkpoint_step, checkpoint_write_failure
-from hyla.train.config import ExperimentConfig, check_device_name, load_config
-from hyla.train.lock import FolderLock
-from hyla.train.plan import describe_plan, engine_for, plan_groups
-from hyla.train.rundir import METRICS
+from hyla.textio import FileFormatError
+from hyla.train.config import ExperimentConfig, check_device_name, flat_config, load_config, parse_overrides
+from hyla.train.run.checkpoint import CheckpointError, checkpoint_step, checkpoint_write_failure
+from hyla.train.run.folder import METRICS
+from hyla.train.run.lock import FolderLock
+from hyla.train.sweeps import (
+    RunSpec,
+    Sweep,
+    check_run_configs,
+    describe_plan,
+    engine_for,
+    load_sweep,
+    plan_groups,
+)
 
 
-def _sweep_entries(path: str) -> list[dict[str, Any]]:
-    """Override sets of a sweep file: ``runs: [{key: value, ...}, ...]`` and/or ``grid: {key: [values]}``
-    (the cartesian product); both given: every run entry combined with every grid point."""
+def _seeds(text: str | None) -> list[int] | None:
+    """``--seeds 0,1,2`` as integers (None without the flag)."""
+    if not text:
+        return None
     try:
-        spec = read_yaml(Path(path)) or {}
-    except FileFormatError as err:
-        raise ValueError(f"--sweep {err}") from err
-    if not isinstance(spec, dict) or not set(spec) <= {"runs", "grid"} or not spec:
-        raise ValueError(f"--sweep {path}: expected a mapping with 'runs' (a list of override mappings) and/or 'grid'")
-    runs = spec.get("runs", [{}])
-    if not isinstance(runs, list) or not runs or not all(isinstance(e, dict) for e in runs):
-        raise ValueError(f"--sweep {path}: 'runs' must be a non-empty list of mappings like {{train.lr: 3e-4}}")
-    grid = spec.get("grid", {})
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise ValueError(f"--sweep {path}: 'grid' must map keys to non-empty lists, e.g. {{train.lr: [1e-3, 3e-4]}}")
-    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    return [{**run, **point} for run in runs for point in points]
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds must list distinct integers, got {text!r}")
+    return seeds
+
+
+def legacy_run_name(sweep: Sweep, run: RunSpec, seeds_given: bool) -> str:
+    """The folder ``hyla train --seeds/--sweep`` named ``run`` before it took ``run_name``: ``seed0_lr0.003``
+    (the seed first, then each override's key and value, joined by ``_``)."""
+    items = {k: v for k, v in sweep.rows[run.row].items() if k not in ("config", "grid")} | dict(run.point)
+    values = "_".join(f"{k.split('.')[-1]}{v}" for k, v in items.items())
+    return "_".join(x for x in (f"seed{run.seed}" if seeds_given else "", values) if x)
 
 
 def run_configs(args: argparse.Namespace) -> tuple[list[ExperimentConfig], list[Path]]:
-    """Configs and run directories: ``OUT`` for one run; ``OUT/seed0``, ``OUT/lr0.003``, ``OUT/seed0_lr0.003``
-    ... for ``--seeds`` / ``--sweep``."""
-    sets: list[tuple[str, list[str]]] = [("", [])]
-    if args.seeds:
-        try:
-            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise ValueError(f"--seeds must list distinct integers, got {args.seeds!r}")
-        sets = [(f"seed{s}", [f"seed={s}"]) for s in seeds]
+    """Configs and run directories: ``OUT`` for one run; ``OUT/seed0``, ``OUT/lr0.003``, ``OUT/lr0.003-seed0``
+    ... (``run_name``, as ``hyla sweep`` names them) for ``--seeds`` / ``--sweep``. On ``--resume`` a run found
+    only under its name from before (``legacy_run_name``) continues there."""
+    seeds = _seeds(args.seeds)
+    base = load_config(args.config, args.overrides)
+    if not seeds and not args.sweep:
+        return [base], [Path(args.out)]
     if args.sweep:
-        entries = _sweep_entries(args.sweep)
-        sets = [
-            (
-                "_".join(x for x in (name, "_".join(f"{k.split('.')[-1]}{v}" for k, v in e.items())) if x),
-                [*overrides, *(f"{k}={v}" for k, v in e.items())],
-            )
-            for name, overrides in sets
-            for e in entries
-        ]
-    names = [name for name, _ in sets]
-    if len(set(names)) != len(names):
-        raise ValueError(f"--sweep: two runs would share a directory name ({names}); make the entries distinct")
+        try:
+            sweep = load_sweep(args.sweep, base=args.config)
+        except FileFormatError as err:
+            raise ValueError(f"--sweep {err}") from err
+    else:
+        sweep = Sweep(name="seeds", config=args.config, rows={"": {}})
+    if seeds:
+        sweep.seeds = list(seeds)
+    source = f"--sweep {args.sweep}" if args.sweep else "--seeds"
+    sweep.overrides.update(flat_config(parse_overrides(args.overrides)))  # below the rows' and the grid's
+    check_run_configs(sweep, source)
     cfgs, outs = [], []
-    for name, overrides in sets:
-        cfg = load_config(args.config, [*args.overrides, *overrides])
-        cfg.name = f"{cfg.name}_{name}" if name else cfg.name
+    for run in sweep.runs():
+        cfg, out, name = sweep.configs[run.name], Path(args.out) / run.name, run.name
+        old = Path(args.out) / legacy_run_name(sweep, run, bool(seeds))
+        if getattr(args, "resume", False) and old != out and not out.exists() and old.is_dir():
+            print(f"hyla train: resuming {old} (named {old.name} before runs took the name {run.name})", flush=True)
+            warnings.warn(
+                f"{old}: run folders of hyla train --seeds/--sweep are now named like {run.name} (hyla sweep's rule); "
+                "this run continues under its old name",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            out, name = old, old.name
+        cfg.name = f"{base.name}_{name}"
         cfgs.append(cfg)
-        outs.append(Path(args.out) / name if name else Path(args.out))
+        outs.append(out)
     return cfgs, outs
 
 
@@ -106,7 +121,7 @@ def writes_records() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Train every group of runs in turn (one group for a lone run), each run directory locked
-    (``hyla.train.lock``) so that a second command on it stops at once."""
+    (``hyla.train.run.lock``) so that a second command on it stops at once."""
     try:
         if args.stop_at_step is not None and args.stop_at_step < 1:
             raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")

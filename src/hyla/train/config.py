@@ -23,6 +23,7 @@ import yaml
 from hyla.models import TransformerConfig
 from hyla.tasks import REGISTRY, task_entry
 from hyla.textio import FileFormatError, load_yaml, read_yaml, yaml_error_text
+from hyla.train.seeds import default_data_seed
 
 #: ``data.task`` when a config names none
 DEFAULT_TASK = "sraven"
@@ -95,7 +96,7 @@ class TrainConfig:
     batch_size: int = 128  # global batch (split over DDP processes)
     lr: float = 1e-3
     weight_decay: float = 0.1  # applied to the parameters that weight_decay_mask names
-    weight_decay_mask: str = "ndim"  # ndim: >= 2-D parameters | authors: the paper's code (hyla.train.optim)
+    weight_decay_mask: str = "ndim"  # ndim: >= 2-D parameters | authors: the paper's code (hyla.train.engines.optim)
     warmup_steps: int = 100  # linear warmup from 0
     final_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
     cosine_end: str = "steps"  # steps | steps_minus_warmup (the paper's code): where the floor is reached
@@ -115,7 +116,7 @@ class TrainConfig:
     compile: bool = False
     compile_mode: str = "default"  # torch.compile mode; "reduce-overhead" captures CUDA graphs
     tf32: bool = True  # TF32 matmuls on CUDA (no effect on CPU)
-    fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.fast
+    fast: bool = False  # compile (CUDA graphs on CUDA) for launch-bound steps; see hyla.train.engines.fast
     graph_step: bool = False  # CUDA, one process: the whole step (sampling ... AdamW) as one CUDA graph
     # stacked runs: "vmap" (one call, R x wider), "loop" (run by run); auto: vmap on CUDA, loop elsewhere
     stack_forward: str = "auto"
@@ -124,9 +125,9 @@ class TrainConfig:
 STACK_FORWARDS = ("auto", "vmap", "loop")
 #: retired ``train.stack_forward`` values still read (as ``loop``) so that older run configs load
 RETIRED_STACK_FORWARDS = ("threads",)
-#: ``train.weight_decay_mask`` values (hyla.train.optim.decayed_parameter_names says what each decays)
+#: ``train.weight_decay_mask`` values (hyla.train.engines.optim.decayed_parameter_names says what each decays)
 WEIGHT_DECAY_MASKS: tuple[str, ...] = ("ndim", "authors")
-#: ``train.cosine_end`` values: the step at which the cosine reaches its floor (hyla.train.optim.lr_at)
+#: ``train.cosine_end`` values: the step at which the cosine reaches its floor (hyla.train.engines.optim.lr_at)
 COSINE_ENDS: tuple[str, ...] = ("steps", "steps_minus_warmup")
 #: ``model.*`` sizes that must be >= 1 (``input_dim`` and ``vocab_size`` also when the task leaves them unset)
 MODEL_SIZES: tuple[str, ...] = (
@@ -168,7 +169,8 @@ class ExperimentConfig:
 
     @property
     def data_seed(self) -> int:
-        return self.train.data_seed if self.train.data_seed is not None else 1_000_003 * (self.seed + 1)
+        """The training stream's seed: ``train.data_seed``, else derived from ``seed`` (``hyla.train.seeds``)."""
+        return self.train.data_seed if self.train.data_seed is not None else default_data_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,8 +1,8 @@
 """The training shell: one loop over R runs (R = 1 for a lone run), driving an engine.
 
 ``Trainer`` owns, once for both run shapes: the loop, evaluation, metric flushing, logging, the
-non-finite check, checkpoints (save, resume) and signals. The engine (``hyla.train.lone`` or
-``hyla.train.stacked``, both a ``Engine``) owns the models, the step
+non-finite check, checkpoints (save, resume) and signals. The engine (``hyla.train.engines.lone`` or
+``hyla.train.engines.stacked``, both a ``Engine``) owns the models, the step
 and the optimizer. ``self.step`` follows the engine's convention: the number of updates made.
 
 Determinism contract: with the same config, a run interrupted by ``--stop-at-step`` (or a signal)
@@ -26,7 +26,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hyla.runtime import tensorboard_installed
-from hyla.train.checkpoint import (
+from hyla.train.config import ExperimentConfig, _merge
+from hyla.train.engines.base import Engine, autocast
+from hyla.train.engines.optim import lr_at
+from hyla.train.run.checkpoint import (
     CheckpointError,
     TrainingState,
     config_differences,
@@ -37,17 +40,15 @@ from hyla.train.checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from hyla.train.config import ExperimentConfig, _merge
-from hyla.train.engine import Engine, autocast
-from hyla.train.optim import lr_at
-from hyla.train.plan import engine_for
-from hyla.train.rundir import (
+from hyla.train.run.folder import (
     FINAL_WEIGHTS,
     append_metrics,
     check_new_or_resumable,
     truncate_metrics_after,
     write_config,
 )
+from hyla.train.seeds import eval_split_seed
+from hyla.train.sweeps import engine_for
 
 #: config keys that may change between an interrupted run and its resumption
 RESUMABLE_CHANGES = (
@@ -109,10 +110,10 @@ def make_engine(cfgs: list[ExperimentConfig], outs: list[Path], engine: str, dev
     if engine == "lone":
         if len(cfgs) != 1:
             raise ValueError(f"the lone engine trains one run, got {len(cfgs)}; use engine='stacked'")
-        from hyla.train.lone import LoneEngine
+        from hyla.train.engines.lone import LoneEngine
 
         return LoneEngine(cfgs[0], outs[0], device)
-    from hyla.train.stacked import StackedEngine
+    from hyla.train.engines.stacked import StackedEngine
 
     return StackedEngine(cfgs, device)
 
@@ -198,7 +199,6 @@ class Trainer:
                 raise ValueError(f"train.init_weights={path!r} does not fit the model: {err}") from err
 
     def _restore(self, states: list[TrainingState]) -> None:
-        acc: list[dict[str, Tensor]] = []
         for r, (run, state) in enumerate(zip(self.runs, states)):
             diffs = resume_differences(state.config, run.cfg)
             if diffs:
@@ -213,17 +213,16 @@ class Trainer:
                     f"{self.engine.world_size}; resume with the same number of processes"
                 )
             self.engine.load_run(r, state)
-            acc.append({k.removeprefix("acc_"): v for k, v in state.rng.items() if k.startswith("acc_")})
         steps = sorted({s.step for s in states})
-        counts = sorted({float(a.pop("_n", 0.0)) for a in acc})
+        counts = sorted({s.metric_steps for s in states})
         if len(steps) != 1 or len(counts) != 1:
             raise CheckpointError(
                 f"the stacked runs' checkpoints are at different steps {steps}; resume them one by one"
             )
-        self.step, self.steps_since_log = steps[0], int(counts[0])
+        self.step, self.steps_since_log = steps[0], counts[0]
         if self.steps_since_log:
             try:
-                self.engine.sums.load(acc)
+                self.engine.sums.load([s.metric_sums for s in states])
             except ValueError as err:
                 raise CheckpointError(str(err)) from err
 
@@ -232,12 +231,12 @@ class Trainer:
         (``FINAL_WEIGHTS``), which stay when its checkpoints are deleted."""
         for r, run in enumerate(self.runs):
             model, optimizer, rng = self.engine.export_run(r, self.step)
-            if self.steps_since_log:
-                rng.update({f"acc_{k}": v for k, v in self.engine.sums.run_state(r).items()})
-                rng["acc__n"] = torch.tensor(float(self.steps_since_log), dtype=torch.float64)
             if self.dist.is_main:
                 extra = {"world_size": self.engine.world_size}
-                save_checkpoint(run.out, TrainingState(self.step, run.cfg.to_dict(), model, optimizer, rng, extra))
+                state = TrainingState(self.step, run.cfg.to_dict(), model, optimizer, rng, extra)
+                if self.steps_since_log:
+                    state.metric_sums, state.metric_steps = self.engine.sums.run_sums(r), self.steps_since_log
+                save_checkpoint(run.out, state)
                 if self.step >= self.cfg.train.steps:
                     save_weights(run.out / FINAL_WEIGHTS, model)
         if self.dist.world > 1:
@@ -284,13 +283,13 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, dict[str, float]]]:
         """Per run: mean per-problem metrics over ``eval_size`` problems of every split of its own task (the
-        same problems each time: split ``i`` of each task draws from a generator seeded ``eval_seed * 101 + i``,
-        so a stacked run sees its lone run's problems)."""
+        same problems each time: split ``i`` of each task draws from a generator seeded
+        ``eval_split_seed(eval_seed, i)``, so a stacked run sees its lone run's problems)."""
         t, tasks = self.cfg.train, self.engine.tasks
         results: list[dict[str, dict[str, float]]] = [{} for _ in self.runs]
         with self.engine.evaluation():
             for i, split in enumerate(self.task.splits):
-                gens = [torch.Generator(self.device).manual_seed(t.eval_seed * 101 + i) for _ in tasks]
+                gens = [torch.Generator(self.device).manual_seed(eval_split_seed(t.eval_seed, i)) for _ in tasks]
                 sums: dict[str, Tensor] = {}
                 count = 0
                 for b in range(math.ceil(t.eval_size / t.eval_batch_size)):

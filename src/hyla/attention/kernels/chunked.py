@@ -12,8 +12,10 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from hyla.attention.backend import AttentionCall, Backend
 from hyla.attention.config import AttentionConfig
 from hyla.attention.functional import hypernetwork_attention
+from hyla.attention.kernels.coverage import dropout_unsupported_reason, variant_unsupported_reason
 
 
 def _rows(t: Tensor | None, start: int, stop: int) -> Tensor | None:
@@ -59,3 +61,29 @@ def chunked_hypernetwork_attention(
         args = (q_BxHxQxE[:, :, start:stop], _rows(mask_Bx1xQxK, start, stop), _rows(bias, start, stop))
         outs.append(checkpoint(block, *args, use_reentrant=False) if grad else block(*args))
     return torch.cat(outs, dim=2)
+
+
+class Chunked(Backend):
+    """Memory O(B * chunk * K * D) in the forward and (checkpointed) the backward, on any device."""
+
+    name = "chunked"
+
+    def covers(self, call: AttentionCall) -> str | None:
+        return variant_unsupported_reason(self.name, call.config) or dropout_unsupported_reason(
+            self.name, call.dropout_keep_11xQxK
+        )
+
+    def __call__(self, call: AttentionCall) -> Tensor:
+        return chunked_hypernetwork_attention(
+            call.q_BxHxQxE,
+            call.k_BxHxKxE,
+            call.v_BxHxKxD,
+            call.config,
+            mask_Bx1xQxK=call.mask,
+            bias=call.bias,
+            w_mid_HxDxD=call.w_mid_HxDxD,
+            chunk_size=call.chunk_size,
+        )
+
+
+CHUNKED = Chunked()

@@ -43,7 +43,7 @@ COVERAGE: dict[str, Coverage] = {
     "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS, dropout=True),
     "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
     "manual_backward": Coverage(_KERNEL_NORMALIZATIONS, ("hyper",), vmap=False, first_order_only=True),
-    # (the C kernel's vmap rule needs a torch with custom-op vmap rules: see kernels.c.wrapper.HAS_VMAP_RULE)
+    # (the C kernel runs in torch.vmap where its batching rule is registered: hyla.train.engines.vmap_rules)
     # (each (batch, query) row computes all its heads and keys, so softmax over keys is local to it too)
     "fused_cpu": Coverage(
         NORMALIZATIONS,
@@ -73,6 +73,14 @@ def variant_unsupported_reason(backend: str, config: AttentionConfig) -> str | N
     if config.normalization not in cov.normalizations:
         return f"normalization={config.normalization!r} (covered: {', '.join(cov.normalizations)})"
     return None
+
+
+def dropout_unsupported_reason(backend: str, dropout_keep: object | None) -> str | None:
+    """Why ``backend`` cannot run a forward with attention dropout (a keep-mask given), or None."""
+    if dropout_keep is None or COVERAGE[backend].dropout:
+        return None
+    droppers = ", ".join(name for name, cov in COVERAGE.items() if cov.dropout)
+    return f"attention dropout (covered: {droppers})"
 
 
 def dtype_names(backend: str) -> str:

@@ -4,10 +4,10 @@ Triton) must not import its wrapper, which imports it."""
 
 from __future__ import annotations
 
+from hyla.ops.clib import CpuKernelUnavailableError  # the C library raises it: defined below attention
+
+__all__ = ["CpuKernelUnavailableError", "FusedUnavailableError"]
+
 
 class FusedUnavailableError(NotImplementedError):
     """``backend="fused"`` was asked for a case (device, dtype, variant, size) the kernel does not cover."""
-
-
-class CpuKernelUnavailableError(NotImplementedError):
-    """The fused CPU kernel (``backend="fused_cpu"``) cannot run this case (the message says why)."""

@@ -36,16 +36,25 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hyla.attention.backend import AttentionCall, Backend
 from hyla.attention.config import AttentionConfig
 from hyla.attention.functional import nonlinearity
-from hyla.attention.kernels.coverage import COVERAGE, variant_unsupported_reason
+from hyla.attention.kernels.coverage import COVERAGE, dropout_unsupported_reason, variant_unsupported_reason
 
 
-def manual_backward_unsupported_reason(config: AttentionConfig, *tensors: Tensor | None) -> str | None:
+def manual_backward_unsupported_reason(
+    config: AttentionConfig,
+    q_BxHxQxE: Tensor | None = None,
+    k_BxHxKxE: Tensor | None = None,
+    v_BxHxKxD: Tensor | None = None,
+    mask_Bx1xQxK: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> str | None:
     """Why ``manual_backward_hypernetwork_attention`` cannot run this case, or None."""
     reason = variant_unsupported_reason("manual_backward", config)
     if reason is not None:
         return reason
+    tensors = (q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     batched = any(t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors)
     if batched and not COVERAGE["manual_backward"].vmap:
         return "inside torch.vmap (e.g. stacked runs): it has no batching rule"
@@ -196,9 +205,16 @@ def manual_backward_hypernetwork_attention(
     ``BxHxQxK`` (its gradient is summed back to its shape). Raises ``ValueError`` for a case it does
     not cover (``manual_backward_unsupported_reason``).
     """
-    reason = manual_backward_unsupported_reason(config, q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
+    call = AttentionCall(q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, config, mask_Bx1xQxK, bias)
+    reason = manual_backward_unsupported_reason(config, *call.tensors)
     if reason is not None:
-        raise ValueError(f"the manual-backward form does not cover {reason}; use backend='direct'")
+        raise MANUAL_BACKWARD.unavailable(reason)
+    return MANUAL_BACKWARD(call)
+
+
+def _launch(call: AttentionCall) -> Tensor:
+    q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, config = call.q_BxHxQxE, call.k_BxHxKxE, call.v_BxHxKxD, call.config
+    mask_Bx1xQxK, bias = call.mask, call.bias
     if mask_Bx1xQxK is not None and mask_Bx1xQxK.dim() < 4:
         mask_Bx1xQxK = mask_Bx1xQxK.reshape((1,) * (4 - mask_Bx1xQxK.dim()) + tuple(mask_Bx1xQxK.shape))
     y, *_ = _ManualBackwardHyla.apply(
@@ -212,3 +228,24 @@ def manual_backward_hypernetwork_attention(
         config.rms_eps,
     )
     return y
+
+
+class ManualBackward(Backend):
+    """The direct form's arithmetic with a hand-derived backward: far fewer passes over the scores."""
+
+    name = "manual_backward"
+    traceable = False
+
+    def covers(self, call: AttentionCall) -> str | None:
+        return manual_backward_unsupported_reason(call.config, *call.tensors) or dropout_unsupported_reason(
+            self.name, call.dropout_keep_11xQxK
+        )
+
+    def __call__(self, call: AttentionCall) -> Tensor:
+        return _launch(call)
+
+    def unavailable(self, reason: str) -> Exception:
+        return ValueError(f"the manual-backward form does not cover {reason}; use backend='direct'")
+
+
+MANUAL_BACKWARD = ManualBackward()

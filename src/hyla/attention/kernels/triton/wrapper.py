@@ -25,8 +25,15 @@ import os
 import torch
 from torch import Tensor
 
+from hyla.attention.backend import AttentionCall, Backend
 from hyla.attention.config import AttentionConfig
-from hyla.attention.kernels.coverage import COVERAGE, covers_dtype, dtype_names, variant_unsupported_reason
+from hyla.attention.kernels.coverage import (
+    COVERAGE,
+    covers_dtype,
+    dropout_unsupported_reason,
+    dtype_names,
+    variant_unsupported_reason,
+)
 from hyla.attention.kernels.errors import FusedUnavailableError
 
 #: The size limits of the fused kernel, beyond ``COVERAGE["fused"]`` (``fused_unsupported_reason`` names
@@ -49,11 +56,10 @@ def interpreter_enabled() -> bool:
 
 
 def fused_unsupported_reason(
+    config: AttentionConfig,
     q_BxHxQxE: Tensor,
     k_BxHxKxE: Tensor,
     v_BxHxKxD: Tensor,
-    config: AttentionConfig,
-    *,
     mask_Bx1xQxK: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> str | None:
@@ -262,12 +268,9 @@ def fused_hypernetwork_attention(
     """
     _check_shapes(q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, mask_Bx1xQxK, bias)
     q, k, v = q_BxHxQxE, k_BxHxKxE, v_BxHxKxD
-    reason = fused_unsupported_reason(q, k, v, config, mask_Bx1xQxK=mask_Bx1xQxK, bias=bias)
+    reason = fused_unsupported_reason(config, q, k, v, mask_Bx1xQxK, bias)
     if reason is not None:
-        raise FusedUnavailableError(
-            f"backend='fused' cannot run this case: {reason}. Use backend='auto' (falls back to the "
-            "direct form), 'chunked' or 'direct'."
-        )
+        raise FUSED.unavailable(reason)
     return launch_fused(q, k, v, config, mask_Bx1xQxK=mask_Bx1xQxK, bias=bias)
 
 
@@ -291,3 +294,28 @@ def launch_fused(
         config.nonlinearity,
         float(config.rms_eps),
     )
+
+
+class Fused(Backend):
+    """The Triton kernel: never materializes the hidden tensor (CUDA, or CPU under ``TRITON_INTERPRET=1``)."""
+
+    name = "fused"
+
+    def covers(self, call: AttentionCall) -> str | None:
+        return fused_unsupported_reason(call.config, *call.tensors) or dropout_unsupported_reason(
+            self.name, call.dropout_keep_11xQxK
+        )
+
+    def __call__(self, call: AttentionCall) -> Tensor:
+        q, k, v = call.q_BxHxQxE, call.k_BxHxKxE, call.v_BxHxKxD
+        _check_shapes(q, k, v, call.mask, call.bias)
+        return launch_fused(q, k, v, call.config, mask_Bx1xQxK=call.mask, bias=call.bias)
+
+    def unavailable(self, reason: str) -> Exception:
+        return FusedUnavailableError(
+            f"backend='fused' cannot run this case: {reason}. Use backend='auto' (falls back to the "
+            "direct form), 'chunked' or 'direct'."
+        )
+
+
+FUSED = Fused()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hyla.attention.kernels.c.wrapper import target_march
+from hyla.ops.clib import target_march
 from hyla.train.config import TrainConfig
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -103,7 +103,7 @@ class StepGraph:
     kernels' self-tests, compilation), then the state the warm-up changed is put back (``_snapshot`` /
     ``_restore``), then one step is captured with the data generators registered, so that each replay
     draws fresh problems. The replayed steps are then the plain path's steps. ``step_count`` is the
-    ``step`` of ``hyla.train.engine``'s convention (the updates made before the one a replay makes), a
+    ``step`` of ``hyla.train.engines.base``'s convention (the updates made before the one a replay makes), a
     device tensor the captured step advances.
     """
 

@@ -4,8 +4,8 @@
 tasks, each with its own held-out split, and model sizes, the compile and ``train.graph_step`` checks, the
 data generators and their seeds), the micro-batch loop of a step (gradient accumulation and the step sums),
 the step as one CUDA graph (``EngineGraph``) and a run's checkpoint in the lone format. Its two
-subclasses give only what differs: ``hyla.train.lone`` (one run: DDP, ``torch.compile``,
-``torch.optim.AdamW``) and ``hyla.train.stacked`` (R runs whose parameters are rows of one ``R x N``
+subclasses give only what differs: ``hyla.train.engines.lone`` (one run: DDP, ``torch.compile``,
+``torch.optim.AdamW``) and ``hyla.train.engines.stacked`` (R runs whose parameters are rows of one ``R x N``
 tensor, one forward for all, the stacked AdamW). The shell owns everything else, also written once: the
 loop, evaluation, metric flushing, logging, the non-finite check, checkpoints and signals.
 
@@ -36,16 +36,17 @@ from torch import Tensor, nn
 
 from hyla.tasks.base import Batch, Task
 from hyla.train.build import build_tasks, sized_config
-from hyla.train.checkpoint import CheckpointError, TrainingState, restore_generator
 from hyla.train.config import ExperimentConfig
-from hyla.train.fast import (
+from hyla.train.engines.fast import (
     StepGraph,
     compile_mode,
     graph_step_unsupported_reason,
     keep_compiled_code_apart,
     uses_cudagraphs,
 )
-from hyla.train.optim import load_optimizer_state
+from hyla.train.engines.optim import load_optimizer_state
+from hyla.train.run.checkpoint import CheckpointError, TrainingState, restore_generator
+from hyla.train.seeds import data_stream_seed
 
 
 @dataclass
@@ -153,14 +154,16 @@ class StepSums:
         """(run, step) of every run whose loss was not finite (reads the device)."""
         return [(r, s) for r, s in enumerate(self.nonfinite_R.tolist()) if s >= 0]
 
-    def run_state(self, r: int) -> dict[str, Tensor]:
-        return {k: v[r].detach().clone() for k, v in self.sums_R.items()}
+    def run_sums(self, r: int) -> dict[str, float]:
+        """Run ``r``'s sums, for its checkpoint (reads the device; float64, so exactly)."""
+        return {k: v[r].item() for k, v in self.sums_R.items()}
 
-    def load(self, per_run: list[dict[str, Tensor]]) -> None:
+    def load(self, per_run: list[dict[str, float]]) -> None:
+        """Each run's sums from its checkpoint (``run_sums``)."""
         keys = set(per_run[0])
         if any(set(p) != keys for p in per_run):
             raise ValueError("the runs' checkpoints hold different metric accumulators")
-        loaded = {k: torch.stack([p[k].to(self.device, torch.float64).reshape(()) for p in per_run]) for k in keys}
+        loaded = {k: torch.tensor([p[k] for p in per_run], dtype=torch.float64, device=self.device) for k in keys}
         if self.fixed:
             for k, v in self.sums_R.items():
                 v.copy_(loaded.get(k, torch.zeros_like(v)))
@@ -356,8 +359,7 @@ class Engine(ABC):
 
     def _data_seed(self, r: int, step: int = 0) -> int:
         """Run ``r``'s data-stream seed on this rank; ``step > 0``: a stream begun anew after ``step`` updates."""
-        seed = self.cfgs[r].data_seed * 1009 + self.dist.rank
-        return seed if step == 0 else seed * 1_000_003 + step
+        return data_stream_seed(self.cfgs[r].data_seed, self.dist.rank, restarted_at_step=step)
 
     @property
     def _dropout_key(self) -> str:

@@ -19,8 +19,9 @@ from hyla.models import num_parameters
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model
 from hyla.train.config import ExperimentConfig
-from hyla.train.engine import Engine, EngineGraph, autocast, eval_mode, global_norms_R
-from hyla.train.optim import build_optimizer, lr_at
+from hyla.train.engines.base import Engine, EngineGraph, autocast, eval_mode, global_norms_R
+from hyla.train.engines.optim import build_optimizer, lr_at
+from hyla.train.seeds import KERNEL_CHECK_SEED
 
 
 class LoneEngine(Engine):
@@ -51,7 +52,7 @@ class LoneEngine(Engine):
         generator and eval mode, so the run's data and random streams are untouched."""
         if self.device.type != "cuda":
             return
-        batch = self.task.sample(2, "train", torch.Generator(self.device).manual_seed(0))
+        batch = self.task.sample(2, "train", torch.Generator(self.device).manual_seed(KERNEL_CHECK_SEED))
         with self.evaluation(), torch.no_grad(), autocast(self.cfg, self.device):
             self.model(batch.inputs, last_positions=self.task.num_output_positions)
 

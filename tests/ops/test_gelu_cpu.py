@@ -1,4 +1,4 @@
-"""The C kernel's tanh GELU (``hyla.attention.kernels.c.gelu``) against a float64 reference and torch's own, forward
+"""The C kernel's tanh GELU (``hyla.ops.gelu``) against a float64 reference and torch's own, forward
 and gradient, float32 and float64, on random inputs; what the models run; the setting that turns it off."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hyla.attention.kernels.c import gelu as gelu_module
-from hyla.attention.kernels.c import wrapper as c_wrapper
-from hyla.attention.kernels.c.gelu import gelu, gelu_path
 from hyla.models.transformer import MLP, MoE
+from hyla.ops import clib
+from hyla.ops import gelu as gelu_module
+from hyla.ops.gelu import gelu, gelu_path
 from tiny import autograd_node_names
 
 pytestmark = pytest.mark.float_sensitive
@@ -120,9 +120,9 @@ def test_the_models_use_it_and_off_gives_torchs_gelu_exactly(monkeypatch: pytest
 
 
 def test_without_a_compiler_torchs_gelu_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(c_wrapper, "_LIBRARY", None)
-    monkeypatch.setattr(c_wrapper, "_LOAD_ERROR", None)
-    monkeypatch.setattr(c_wrapper, "_compiler", lambda: None)
+    monkeypatch.setattr(clib, "_LIBRARY", None)
+    monkeypatch.setattr(clib, "_LOAD_ERROR", None)
+    monkeypatch.setattr(clib, "_compiler", lambda: None)
     assert gelu_path() == "torch"
     x = torch.randn(4, 6)
     assert torch.equal(gelu(x, approximate="tanh"), F.gelu(x, approximate="tanh"))

@@ -3,7 +3,7 @@
 ``hyla train CONFIG --seeds 0,1,2 --out DIR`` (runs ``DIR/seed0`` ...), ``--sweep`` and ``hyla sweep``
 train here. Runs may differ in ``STACKABLE_KEYS`` (seed, data seed, held-out split and the
 optimizer's hyperparameters); runs that differ in anything else are split into groups trained one after
-another (``hyla.train.plan.plan_groups``, by ``stack_key``). Each run ``r`` of a stack
+another (``hyla.train.sweeps.plan_groups``, by ``stack_key``). Each run ``r`` of a stack
 
 * is initialized exactly as the lone run with its seed (the R models are built one by one);
 * has its own task, with the held-out split of its ``split_seed`` (the paper configs': its seed), and
@@ -21,7 +21,7 @@ The R runs' parameters are views into one ``R x N`` tensor. On CUDA the forward 
 GPU step launches the kernels of one run, each R times wider. On a CPU, where a step is compute-bound
 and vmap's batched forms (``bmm`` for the per-run linear layers) are slower than the lone ones, the
 runs are called one after another with the lone model's kernels (``train.stack_forward=loop``).
-``train.fast`` compiles the forward as for a lone run (``hyla.train.fast``); ``train.graph_step``
+``train.fast`` compiles the forward as for a lone run (``hyla.train.engines.fast``); ``train.graph_step``
 (CUDA) captures the whole stacked step as one CUDA graph (``StackedStepGraph``).
 Attention dropout draws each run's masks from that run's own generator, which starts where the lone
 run's default generator starts and is checkpointed as its state, so a run drops the same pairs stacked
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import os
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +41,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from hyla.attention.functional import draw_keep_mask, supplied_keep_masks
-from hyla.tasks import task_entry
+from hyla.attention.functional import draw_keep_mask
 from hyla.tasks.base import Batch
 from hyla.train.build import build_model
 from hyla.train.config import ExperimentConfig, config_key, flat_config
-from hyla.train.engine import Engine, EngineGraph, eval_mode, global_norms_R
-from hyla.train.optim import StackedAdamW, decayed_parameter_names
+from hyla.train.engines import vmap_rules  # noqa: F401  (a vmap stack's C kernels: their batching rules)
+from hyla.train.engines.base import Engine, EngineGraph, eval_mode, global_norms_R
+from hyla.train.engines.optim import StackedAdamW, decayed_parameter_names
 
 #: config keys in which the runs of one stack may differ
 STACKABLE_KEYS = (
@@ -76,9 +76,13 @@ def stack_forward_mode(setting: str, device: torch.device | str) -> str:
 
 
 # ------------------------------------------------------------------------------ which runs stack
+#: ``data.task`` -> why its runs are never stacked: the stacked engine's rule, not a fact of the task
+UNSTACKABLE_TASKS: dict[str, str] = {"text": "language-model runs are trained one by one"}
+
+
 def not_stackable_reason(cfg: ExperimentConfig) -> str | None:
     """Why a run cannot be part of a stack (it is then trained alone), or None."""
-    task_reason = task_entry(cfg.data.task).task.not_stackable_because
+    task_reason = UNSTACKABLE_TASKS.get(cfg.data.task)
     if task_reason:
         return f"data.task={cfg.data.task} ({task_reason})"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -199,8 +203,7 @@ class StackedEngine(Engine):
         def one_run(
             p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, keep: list[Tensor] | None
         ) -> tuple[Tensor, Tensor]:
-            with supplied_keep_masks(keep) if keep is not None else nullcontext():
-                out = functional_call(template, (p, b), (x,), {"last_positions": positions})
+            out = functional_call(template, (p, b), (x,), {"last_positions": positions, "dropout_keeps": keep})
             return out, template.pop_aux_loss()  # this run's term, read inside its own call
 
         if self.forward_mode == "vmap":

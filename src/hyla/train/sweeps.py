@@ -1,4 +1,6 @@
-"""Sweep files (``hyla/configs/sweeps/*.yaml``): the grid of runs of one experiment and the state of its records.
+"""Sweeps: the one sweep-file format, the one naming rule of run folders, and the one planner.
+
+Sweep files (``hyla/configs/sweeps/*.yaml``) give the grid of runs of one experiment.
 
 A sweep file names a base config, rows (each a set of overrides, e.g. one attention preset;
 ``config:`` picks another base for that row), a grid of hyperparameters and seeds::
@@ -13,26 +15,37 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
     slurm: {partition: gpu, account: lab, qos: normal, time: 240, cpus: 8, mem_gb: 32, gpus: 1}
                               # what `hyla sweep --launcher slurm` asks of the cluster (SLURM_KEYS)
 
+``runs: [{train.lr: 0.003}, ...]`` is short for rows named by their values (``lr0.003``).
+
 A row may add axes of its own to the sweep's grid with a ``grid:`` entry among its overrides (keys not in
 the sweep's grid), e.g. ``hyla: {model.attention: hyla, grid: {train.warmup_steps: [1000, 3000]}}``: that
 row's points are the sweep's grid points times its own axes (last axis fastest), the other rows' are not.
 
-Run names: ``ROW-<key>VALUE...-seedS``, ``<key>`` the last part of each grid key, e.g.
+Run names (``run_name``): ``ROW-<key>VALUE...-seedS``, ``<key>`` the last part of each grid key, e.g.
 ``hyla-lr0.001-weight_decay0.1-seed0``. The sweep's grid keys are always named; a row's own axis is named
 only at values other than the one the row's runs have without it (its config with the sweep's and the row's
 overrides), so ``hyla-lr0.001-weight_decay0.1-seed0`` stays the run at the config's warmup after a row adds
 warmup to its grid, and ``hyla-lr0.001-weight_decay0.1-warmup_steps3000-seed0`` is the new one.
 ``--where KEY=V`` on a row's own axis keeps the other rows' runs whose own value of KEY is V.
 
-``hyla sweep`` (``hyla.sweep``) trains them; ``hyla report --paper`` and ``hyla demo`` read them with
-their records. The reader lives here, below the analysis layer, rather than in the top-level
-``hyla.sweep`` package, because the analysis reads sweep files and nothing below the commands may
-import them. The run directories' states are ``hyla.train.rundir``'s.
+``hyla sweep`` (``hyla.sweep``) trains them; ``hyla train CONFIG --sweep FILE`` reads the same format over its
+``CONFIG`` (``load_sweep(FILE, base=CONFIG)``: a file without rows names no row, and without ``seeds`` no seed),
+so both commands name runs alike; ``hyla report --paper`` and ``hyla demo`` read them with their records.
+This module sits in ``train/`` because the analysis, a layer above it and below the commands, reads
+sweep files. The run directories' states are ``hyla.train.run.folder``'s.
+
+The planner (``plan_groups``) says which runs train together and with which engine, for both commands: runs
+form one stack when the stacked engine can stack them (``hyla.train.engines.stacked.stack_key``: same config but
+seed, held-out split, data seed and optimizer hyperparameters) and they start together: all new, or all
+resuming from checkpoints of the same step (a stack stopped together continues together; runs stopped at
+different steps resume one by one). A group of one run trains with the lone engine, the reference; a group
+of two or more with the stacked one (``engine_for``). ``describe_plan`` says how they train.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +85,7 @@ class RunSpec:
     config: str
     overrides: tuple[str, ...]
     point: tuple[tuple[str, Any], ...]
-    seed: int
+    seed: int | None
 
     def command(self, out: Path, device: str = "cpu", resume: bool = False) -> str:
         parts = ["hyla", "train", self.config, *self.overrides, "--out", str(out), "--quiet"]
@@ -87,7 +100,8 @@ class Sweep:
     config: str
     rows: dict[str, dict[str, Any]]
     grid: dict[str, list[Any]] = field(default_factory=dict)
-    seeds: list[int] = field(default_factory=lambda: [0])
+    #: ``[None]``: one run per point at its config's seed, not named (``hyla train --sweep`` without seeds)
+    seeds: list[int | None] = field(default_factory=lambda: [0])
     first: list[str] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
@@ -181,12 +195,21 @@ class Sweep:
                     continue
                 named = [*base, *((k, v) for k, v in added if v != fixed[k])]
                 for seed in keep.get("seed", self.seeds):
-                    name = "-".join([row, *(f"{k.split('.')[-1]}{v}" for k, v in named), f"seed{seed}"])
-                    values = {**self.overrides, **extra, **dict(point), "seed": seed, "name": name}
+                    name = run_name(row, named, seed)
+                    seeded = {} if seed is None else {"seed": seed}
+                    values = {**self.overrides, **extra, **dict(point), **seeded, "name": name}
                     overrides = tuple(f"{k}={_yaml_scalar(v)}" for k, v in values.items())
                     key = (row not in self.first, p, q, seed, self.first.index(row) if row in self.first else r)
                     specs.append((key, RunSpec(name, row, config, overrides, point, seed)))
         return [spec for _, spec in sorted(specs, key=lambda item: item[0])]
+
+
+def run_name(row: str, point: Iterable[tuple[str, Any]] = (), seed: int | None = None) -> str:
+    """The folder name of a run, the one rule of ``hyla sweep`` and ``hyla train --seeds/--sweep``: ``row``
+    (left out when empty), ``<key>VALUE`` for each named grid key (its last part), then ``seedS`` (left out
+    for None), joined by ``-``: ``hyla-lr0.001-weight_decay0.1-seed0``, ``lr0.003-seed1``."""
+    parts = [row, *(f"{k.split('.')[-1]}{v}" for k, v in point), "" if seed is None else f"seed{seed}"]
+    return "-".join(p for p in parts if p)
 
 
 def _same_value(written: str, value: Any) -> bool:
@@ -203,17 +226,29 @@ def _yaml_scalar(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def load_sweep(name_or_path: str) -> Sweep:
-    """A sweep file by path or by name in the packaged ``hyla/configs/sweeps/``; bad fields fail naming the field."""
+def load_sweep(name_or_path: str, base: str | None = None) -> Sweep:
+    """A sweep file by path or by name in the packaged ``hyla/configs/sweeps/``; bad fields fail naming the field.
+
+    ``base``: ``hyla train BASE --sweep FILE``'s reading: the runs' base config is ``base``, a file without
+    rows names no row (not ``default``) and one without ``seeds`` leaves each run its config's seed, unnamed."""
     path = packaged_yaml(name_or_path, SWEEP_DIR, "sweep")
     spec = read_yaml(path) or {}
-    allowed = {"name", "config", "rows", "grid", "seeds", "first", "overrides", "slurm"}
+    allowed = {"name", "config", "rows", "runs", "grid", "seeds", "first", "overrides", "slurm"}
     if not isinstance(spec, dict) or not set(spec) <= allowed:
         extra = sorted(set(spec) - allowed) if isinstance(spec, dict) else ["(not a mapping)"]
         raise ValueError(f"{path}: unknown sweep field {extra[0]}; allowed fields: {', '.join(sorted(allowed))}")
-    rows = spec.get("rows") or {"default": {}}
+    if base is not None:
+        spec["config"] = base
+    rows = spec.get("rows") or {}
     if not isinstance(rows, dict) or not all(isinstance(v, dict) for v in rows.values()):
         raise ValueError(f"{path}: rows must map names to override mappings, e.g. {{hyla: {{model.attention: hyla}}}}")
+    runs = spec.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(e, dict) and e for e in runs):
+        raise ValueError(f"{path}: runs must be a list of override mappings, e.g. [{{train.lr: 0.003}}]")
+    named = {run_name("", entry.items()): entry for entry in runs}
+    if len(named) < len(runs) or set(named) & set(rows):
+        raise ValueError(f"{path}: two rows or runs would share a run name; make the entries distinct")
+    rows = {**rows, **named} or {"" if base is not None else "default": {}}
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ValueError(f"{path}: grid must map keys to non-empty lists, e.g. {{train.lr: [0.001, 0.003]}}")
@@ -252,7 +287,7 @@ def load_sweep(name_or_path: str) -> Sweep:
         config=str(spec.get("config") or ""),
         rows={str(k): v for k, v in rows.items()},
         grid=grid,
-        seeds=seeds,
+        seeds=seeds if "seeds" in spec or base is None else [None],
         first=first,
         overrides=spec.get("overrides") or {},
         slurm=check_slurm(spec.get("slurm") or {}, f"{path}: slurm"),
@@ -303,3 +338,58 @@ def check_run_configs(sweep: Sweep, source: str) -> None:
         except ValueError as err:
             raise ValueError(f"{source}: run {run.name}: {err}") from err
     sweep.configs = configs
+
+
+# ------------------------------------------------------------------------------ the planner
+
+
+def engine_for(cfgs: list[ExperimentConfig]) -> str:
+    """The engine of one group of ``plan_groups``: ``lone`` for one run, else ``stacked``. A stack of
+    one equals its lone run bit for bit with the loop forward, so the lone engine (DDP, its own CUDA
+    graph) is the one to use."""
+    return "lone" if len(cfgs) == 1 else "stacked"
+
+
+def plan_groups(
+    cfgs: list[ExperimentConfig], resume_from: list[int | None] | None = None, max_stack: int | None = None
+) -> list[list[int]]:
+    """Indices of ``cfgs`` as the groups they train in, in order of each group's first run.
+    ``resume_from[i]``: the checkpoint step run ``i`` resumes from, None for a new run (default: all new);
+    ``max_stack``: a stack of more runs is cut into consecutive stacks of at most that many."""
+    if max_stack is not None and max_stack < 1:
+        raise ValueError(f"max_stack must be >= 1, got {max_stack}")
+    from hyla.train.engines.stacked import stack_key
+
+    starts = resume_from if resume_from is not None else [None] * len(cfgs)
+    if len(starts) != len(cfgs):
+        raise ValueError(f"resume_from must hold one step per run: {len(cfgs)} runs, {len(starts)} steps")
+    groups: dict[tuple[int | None, str | int], list[int]] = {}
+    for i, (cfg, start) in enumerate(zip(cfgs, starts)):
+        key = stack_key(cfg)
+        groups.setdefault((start, i if key is None else key), []).append(i)
+    cap = max_stack or len(cfgs) or 1
+    return [group[k : k + cap] for group in groups.values() for k in range(0, len(group), cap)]
+
+
+#: the largest stack a sweep trains unless told otherwise (``hyla sweep --max-stack``): 1, each run alone. On a
+#: CPU a stack of R runs costs about R lone steps (the loop forward); on an H100 a stack of 3 SRAVEN runs
+#: trained 124 steps/s (372 run-steps/s), one run alone 567. Runs one after
+#: another also finish, and land their records, one by one, instead of all at the end or none under a budget.
+SWEEP_MAX_STACK = 1
+
+
+def describe_plan(groups: list[list[ExperimentConfig]], cap: int | None = None) -> str:
+    """The planner's line on groups of ``plan_groups`` (stacks of at most ``cap`` runs): how many, and why
+    the runs are not one stack."""
+    from hyla.train.engines.stacked import not_stackable_reason, stack_differences
+
+    runs = [cfg for group in groups for cfg in group]
+    if len(groups) == 1:
+        return f"{len(runs)} runs in one stack" if len(runs) > 1 else "1 run"
+    reasons = sorted({reason for cfg in runs if (reason := not_stackable_reason(cfg))})
+    if cap is not None and any(len(g) == cap for g in groups):
+        reasons.append("each run alone: --max-stack 1" if cap == 1 else f"stacks of at most {cap}: --max-stack")
+    if differ := stack_differences(runs):
+        reasons.append(f"they differ in {', '.join(differ)}")
+    why = "; ".join(reasons) or "their checkpoints are at different steps"  # the one other cause
+    return f"{len(runs)} runs in {len(groups)} groups ({why})"
