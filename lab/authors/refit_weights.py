@@ -62,10 +62,10 @@ import torch
 from hyla.ops.clib import MARCH_ENV
 from hyla.sweep.cli import budget_deadline
 from hyla.sweep.groups import provenance
-from hyla.train.config import ExperimentConfig, load_config
+from hyla.train.config import ExperimentConfig
 from hyla.train.loop import Trainer
 from hyla.train.run.checkpoint import checkpoint_step, load_weights, save_weights
-from hyla.train.run.folder import FINAL_WEIGHTS, read_run
+from hyla.train.run.folder import FINAL_WEIGHTS, load_run_config, read_run
 
 #: evaluations inside a ``--phase``: the same weights summed in another order (see the module docstring)
 EVAL_IN_PHASE_RTOL = 1e-5
@@ -93,7 +93,7 @@ def parse_phases(specs: list[str], total_steps: int) -> list[tuple[int, str]]:
 def phase_config(record: Path, backend: str | None) -> ExperimentConfig:
     """The record's config, with ``backend`` for the attention when given."""
     overrides = [f"model.attention_backend={backend}"] if backend else []
-    return load_config(str(record / "config.yaml"), overrides)
+    return load_run_config(record, overrides)
 
 
 def train(record: Path, work: Path, phases: list[tuple[int, str]], deadline: float | None) -> int:

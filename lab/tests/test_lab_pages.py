@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hyla.train.config import load_config
-from hyla.train.loop import RESUMABLE_CHANGES
+from hyla.train.config import RESUMABLE_CHANGES, load_config
 from hyla.train.sweeps import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,10 +27,18 @@ from typing import Any
 from hyla.analysis.plots import first_steps_beside_records
 from hyla.analysis.selection import paper_column, sweep_results
 from hyla.train.cli import failure_exit_code
-from hyla.train.config import ExperimentConfig, load_config
+from hyla.train.config import ExperimentConfig
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 from hyla.train.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from hyla.train.run.folder import METRICS, RunRecord, has_record, has_trained_weights, load_trained, read_run
+from hyla.train.run.folder import (
+    METRICS,
+    RunRecord,
+    has_record,
+    has_trained_weights,
+    load_run_config,
+    load_trained,
+    read_run,
+)
 from hyla.train.sweeps import RECORD_ROOT, load_sweep
 
 DEMO_VARIANTS = ("softmax", "hyla")
@@ -121,7 +129,7 @@ def rescored_table(root: Path, problems: int, seed: int) -> tuple[list[str], dic
 def demo_config(record: Path, steps: int, eval_size: int) -> ExperimentConfig:
     """The record's own config; only the evaluation is smaller (it draws from its own generators, so
     training is unchanged)."""
-    cfg = load_config(str(record / "config.yaml"), [f"train.eval_size={eval_size}"])
+    cfg = load_run_config(record, [f"train.eval_size={eval_size}"])
     if not 1 <= steps <= cfg.train.steps:
         raise ValueError(f"--steps must be in 1..{cfg.train.steps} (the record's schedule), got {steps}")
     return cfg

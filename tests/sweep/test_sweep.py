@@ -21,7 +21,7 @@ from hyla.sweep import launch as sweep_launch
 from hyla.sweep.estimate import wall_seconds
 from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
-from hyla.train.run.folder import run_state
+from hyla.train.run.folder import read_run, run_state
 from hyla.train.sweeps import check_slurm, load_sweep
 from tiny import HANG_GUARD_S, TINY_SWEEP_OVERRIDES, torch_threads, write_sweep
 
@@ -699,3 +699,24 @@ def test_each_piece_records_what_can_change_its_numbers(tmp_path: Path) -> None:
     assert piece["versions"]["torch"] == torch.__version__ and piece["versions"]["cuda"] is None
     assert "(family " in piece["cpu"] or not Path("/proc/cpuinfo").exists()  # Zen 3 and Zen 5 told apart
     assert isinstance(piece["command"], str) and piece["command"]
+
+
+def test_a_resumed_piece_names_the_settings_it_changed_and_config_yaml_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece resumed with other settings (``--override``) records them as ``config_changes``; the run's
+    ``config.yaml`` stays as created and its readers see the change."""
+    path = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0])
+    root = tmp_path / "r"
+    clock = itertools.count()  # one second per reading: the first piece stops a few steps in (see above)
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(clock)))
+    assert main(["sweep", str(path), "--root", str(root), "--max-minutes", "0.1"]) == 0
+    monkeypatch.undo()
+    (run,) = (root / "tiny").iterdir()
+    created = (run / "config.yaml").read_bytes()
+    assert run_state(run) == "stopped"
+    assert main(["sweep", str(path), "--root", str(root), "--override", "train.eval_every=2"]) == 0
+    first, second = read_jsonl(run / "made_by.jsonl")
+    assert "config_changes" not in first and second["config_changes"] == {"train.eval_every": 2}
+    assert (run / "config.yaml").read_bytes() == created
+    assert read_run(run).config["train"]["eval_every"] == 2 and run_state(run) == "done"

@@ -28,7 +28,7 @@ from hyla import cpu
 from hyla.ops import gelu
 from hyla.ops.clib import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model, cpuinfo_field
-from hyla.train.config import ExperimentConfig
+from hyla.train.config import RESUMABLE_CHANGES, ExperimentConfig
 from hyla.train.run.checkpoint import CheckpointError, checkpoint_step, latest_checkpoint
 from hyla.train.run.folder import METRICS, finish_piece_record, read_pieces, run_state, start_piece_record
 from hyla.train.run.lock import FolderLock
@@ -161,8 +161,6 @@ def piece_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     """The settings of a piece that may differ between pieces of one run and change its numbers' rounding or
     schedule of evaluations: how a step is computed (fast path, graph step, TF32, compile, backend), bf16 and
     the logging, evaluation and checkpoint cadence."""
-    from hyla.train.loop import RESUMABLE_CHANGES
-
     values = cfg.to_dict()
     return {key: values[key.split(".")[0]][key.split(".")[1]] for key in (*RESUMABLE_CHANGES, "train.bf16")}
 
@@ -269,6 +267,10 @@ def _train_locked_group(
         "stacked_with": len(cfgs),
         "settings": piece_settings(cfgs[0]),  # a stack's runs share them (plan_groups stacks only such runs)
     }
+    # a resume that changed settings says which, in its run's piece (config.yaml stays as the run was created)
+    started_by = {
+        out: started | ({"config_changes": c} if (c := trainer.config_changes.get(out)) else {}) for out in outs
+    }
     trainer.deadline, trainer.stop_requested = deadline, stop_requested
     for out in outs:
         if (change := rounding_change(out, made)) is not None:
@@ -277,7 +279,7 @@ def _train_locked_group(
     bf16 = False
     try:
         for out in outs:
-            start_piece_record(out, started)
+            start_piece_record(out, started_by[out])
         try:
             trainer.run()
         except NonFiniteLossError as err:  # this group's failure, recorded; the sweep goes on with the next
@@ -289,8 +291,8 @@ def _train_locked_group(
         wall_s = round(time.monotonic() - t0, 1)
         for name, out in zip(group.names, outs):
             # only the steps saved count: the next piece continues from the checkpoint, not from trainer.step
-            finished = {**started, "ended": ended, "to_step": saved_step(out), "wall_s": wall_s}
-            finish_piece_record(out, started, finished | ({"failed": failed[name]} if name in failed else {}))
+            finished = {**started_by[out], "ended": ended, "to_step": saved_step(out), "wall_s": wall_s}
+            finish_piece_record(out, started_by[out], finished | ({"failed": failed[name]} if name in failed else {}))
     if failed:
         raise RunsFailed(failed, bf16=bf16)
     return group.names if trainer.step >= cfgs[0].train.steps else []

@@ -141,6 +141,21 @@ MODEL_SIZES: tuple[str, ...] = (
     "v_dim",
     "mlp_dim",
 )
+#: config keys that may change between an interrupted run and its resumption
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.eval_every",
+    "train.log_every",
+    "train.checkpoint_every",
+    # how a step is computed, not what: a run started on a CPU may continue on a GPU with train.fast=true
+    "train.stack_forward",
+    "train.graph_step",
+    "train.fast",
+    "train.compile",
+    "train.compile_mode",
+    "train.tf32",
+    "model.attention_backend",
+)
 #: what ``--device`` may name: a device type, or a CUDA device by its index
 DEVICES = "cpu, cuda, cuda:N (N a GPU index), mps"
 
@@ -281,7 +296,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``tree``'s entry at the dotted ``key`` (``train.steps``), making the sections on the way."""
     parts = key.split(".")
     node = tree
     for p in parts[:-1]:
@@ -316,7 +332,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if isinstance(value, str):  # YAML reads 3e-4 as a string; accept plain numbers too
             with contextlib.suppress(ValueError):
                 value = float(value) if any(c in value for c in ".eE") else int(value)
-        _set_dotted(tree, key.strip(), value)
+        set_dotted(tree, key.strip(), value)
     return tree
 
 

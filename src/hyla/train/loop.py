@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hyla.runtime import tensorboard_installed
-from hyla.train.config import ExperimentConfig, _merge
+from hyla.train.config import RESUMABLE_CHANGES, ExperimentConfig, _merge
 from hyla.train.engines.base import Engine, autocast
 from hyla.train.engines.optim import lr_at
 from hyla.train.run.checkpoint import (
@@ -41,30 +41,17 @@ from hyla.train.run.checkpoint import (
     save_weights,
 )
 from hyla.train.run.folder import (
+    CONFIG,
     FINAL_WEIGHTS,
     append_metrics,
     check_new_or_resumable,
+    record_config_changes,
     truncate_metrics_after,
     write_config,
 )
 from hyla.train.seeds import eval_split_seed
 from hyla.train.sweeps import engine_for
 
-#: config keys that may change between an interrupted run and its resumption
-RESUMABLE_CHANGES = (
-    "train.steps",
-    "train.eval_every",
-    "train.log_every",
-    "train.checkpoint_every",
-    # how a step is computed, not what: a run started on a CPU may continue on a GPU with train.fast=true
-    "train.stack_forward",
-    "train.graph_step",
-    "train.fast",
-    "train.compile",
-    "train.compile_mode",
-    "train.tf32",
-    "model.attention_backend",
-)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a run saves a checkpoint and exits on these
 ENGINES = ("auto", "lone", "stacked")
 
@@ -154,6 +141,8 @@ class Trainer:
         self.step = 0
         self.steps_since_log = 0
         self.progress = progress and not quiet and self.dist.is_main
+        #: per resumed run folder, the settings this piece changed (``config_changes.jsonl``; ``{}``: none)
+        self.config_changes: dict[Path, dict[str, Any]] = {}
         self._prepare_run_dirs(resume)
         if self.dist.is_main and tensorboard_installed(quiet):
             from torch.utils.tensorboard import SummaryWriter
@@ -175,8 +164,11 @@ class Trainer:
         if self.step == 0:
             self._load_initial_weights()
         if self.dist.is_main:
-            for run in self.runs:
-                write_config(run.out, run.cfg)
+            for run, ckpt in zip(self.runs, ckpts):
+                if ckpt is None or not (run.out / CONFIG).is_file():
+                    write_config(run.out, run.cfg)
+                else:  # config.yaml stays as created; what this piece runs otherwise is recorded beside it
+                    self.config_changes[run.out] = record_config_changes(run.out, self.step, run.cfg)
                 if hasattr(self.task, "save_tokenizer"):
                     self.task.save_tokenizer(run.out / "tokenizer.json")
                 truncate_metrics_after(run.out, self.step)

@@ -2,14 +2,16 @@
 its state (new, stopped, done), the pieces of training it records, loading a trained run for analysis
 and generation.
 
-Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one ``{"step", "split", ...}`` line
-per record), ``made_by.jsonl`` (one line per piece of training, written by ``hyla sweep``), ``tb/``
-(TensorBoard), ``checkpoints/`` (``hyla.train.run.checkpoint``). The lone and the stacked trainer both
-write through here, so their run directories are the same format.
+Layout: ``config.yaml`` (the resolved config as the run was created; never rewritten), ``config_changes.jsonl``
+(the settings a resume changed, if any: ``run_config_values`` lays them over ``config.yaml``), ``metrics.jsonl``
+(one ``{"step", "split", ...}`` line per record), ``made_by.jsonl`` (one line per piece of training, written by
+``hyla sweep``), ``tb/`` (TensorBoard), ``checkpoints/`` (``hyla.train.run.checkpoint``). The lone and the
+stacked trainer both write through here, so their run directories are the same format.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,10 +21,20 @@ from hyla.tasks import task_entry
 from hyla.tasks.base import Task
 from hyla.textio import FileFormatError, append_jsonl, read_jsonl, read_yaml, rewrite_jsonl
 from hyla.train.build import build_model, build_task
-from hyla.train.config import ExperimentConfig, dump_config, load_config, read_config_values
+from hyla.train.config import (
+    ExperimentConfig,
+    config_with_overrides,
+    dump_config,
+    flat_config,
+    set_dotted,
+)
 from hyla.train.run.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, load_weights
 
 METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+#: one ``{"step", "changes": {"train.steps": ..., ...}}`` line per resume that changed a setting (only resumable
+#: ones may change): ``config.yaml`` stays the run's config as created, and the changes say where it went since
+CONFIG_CHANGES = "config_changes.jsonl"
 #: each run's pieces: one line per piece of training, written when it starts (``ended``, ``to_step`` and
 #: ``wall_s`` null) and completed when it ends; a piece killed outright keeps its start line
 MADE_BY = "made_by.jsonl"
@@ -44,11 +56,45 @@ def check_new_or_resumable(run_dir: Path, resume: bool) -> Path | None:
 
 
 def write_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """``config.yaml`` of a new run: its config as created."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a file in the way, no permission: the user's path, so one line, not a traceback
         raise ValueError(f"cannot make the run directory {run_dir} ({err.strerror}); choose another place") from err
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / CONFIG).write_text(dump_config(cfg))
+
+
+def record_config_changes(run_dir: Path, step: int, cfg: ExperimentConfig) -> dict[str, Any]:
+    """A resume at ``step`` with ``cfg``: the settings in which it differs from the run's config as it stands
+    (``config.yaml`` and the changes so far), appended as one line of ``config_changes.jsonl``; ``{}`` (nothing
+    written) when it differs in none. The run's ``name`` is left out: a run resumed under a former folder name
+    keeps its own."""
+    standing = flat_config(load_run_config(run_dir).to_dict())
+    changes = {k: v for k, v in flat_config(cfg.to_dict()).items() if k != "name" and standing.get(k) != v}
+    if changes:
+        append_jsonl(run_dir / CONFIG_CHANGES, {"step": step, "changes": changes})
+    return changes
+
+
+def run_config_values(run_dir: str | Path) -> dict[str, Any]:
+    """The run's config as a mapping, as it stands: ``config.yaml`` with the resumes' changes laid over it in
+    order (a record without ``config_changes.jsonl``, as every record before it, is its ``config.yaml``)."""
+    run_dir = Path(run_dir)
+    values = read_yaml(run_dir / CONFIG)
+    if not isinstance(values, dict):
+        raise FileFormatError(f"{run_dir / CONFIG}: not a run's resolved config (a mapping); restore it from the run")
+    path = run_dir / CONFIG_CHANGES
+    if path.is_file():
+        values = copy.deepcopy(values)
+        for line in read_jsonl(path):
+            for key, value in line["changes"].items():
+                set_dotted(values, key, value)
+    return values
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """The run's config as it stands (``run_config_values``), with ``KEY=VALUE`` overrides laid over it."""
+    return config_with_overrides(run_config_values(run_dir), overrides)
 
 
 def append_metrics(run_dir: Path, step: int, split: str, values: dict[str, Any]) -> None:
@@ -67,7 +113,7 @@ def truncate_metrics_after(run_dir: Path, step: int) -> None:
 def has_record(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` holds a run's record: its ``config.yaml`` and its metrics (what ``read_run`` reads)."""
     run_dir = Path(run_dir)
-    return (run_dir / "config.yaml").is_file() and (run_dir / METRICS).is_file()
+    return (run_dir / CONFIG).is_file() and (run_dir / METRICS).is_file()
 
 
 def metrics_path(run_dir: str | Path) -> Path:
@@ -78,7 +124,7 @@ def metrics_path(run_dir: str | Path) -> Path:
 def run_state(run_dir: Path) -> str:
     """``done`` (its final evaluation is written), ``stopped`` (a checkpoint to resume) or ``new``."""
     if has_record(run_dir):
-        steps = read_config_values(str(run_dir / "config.yaml")).get("train", {}).get("steps")
+        steps = run_config_values(run_dir).get("train", {}).get("steps")
         for row in read_jsonl(run_dir / METRICS):
             if row.get("step") == steps and row.get("split") not in (None, "train_batch"):
                 return "done"
@@ -142,9 +188,9 @@ def load_trained(run_dir: str | Path) -> TrainedRun:
     ``trained.model``, ``trained.task``, ``trained.weights``...
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ValueError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = load_config(str(run_dir / "config.yaml"))
+    if not (run_dir / CONFIG).is_file():
+        raise ValueError(f"{run_dir} is not a run directory (no {CONFIG})")
+    cfg = load_run_config(run_dir)
     task = build_task(cfg, run_dir)
     model = build_model(cfg, task)
     if (run_dir / FINAL_WEIGHTS).is_file():
@@ -199,8 +245,4 @@ def read_run(path: str | Path) -> RunRecord:
     path = Path(path)
     if not has_record(path):
         raise ValueError(f"{path} is not a run directory (needs config.yaml and {METRICS})")
-    cfg_path = path / "config.yaml"
-    config = read_yaml(cfg_path)
-    if not isinstance(config, dict):
-        raise FileFormatError(f"{cfg_path}: not a run's resolved config (a mapping); restore it from the run")
-    return RunRecord(path, config, read_jsonl(path / METRICS))
+    return RunRecord(path, run_config_values(path), read_jsonl(path / METRICS))
