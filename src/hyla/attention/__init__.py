@@ -1,5 +1,6 @@
 """Attention as a hypernetwork: the variants, their direct and naive implementations and kernels."""
 
+from hyla.attention.cache import KVCache
 from hyla.attention.config import (
     NONLINEARITIES,
     NORMALIZATIONS,
@@ -9,7 +10,8 @@ from hyla.attention.config import (
     AttentionConfig,
     attention_preset,
 )
-from hyla.attention.module import Attention, GeneratedValueNetwork, HookPoint, KVCache
+from hyla.attention.hypernetwork import GeneratedValueNetwork
+from hyla.attention.module import Attention, HookPoint
 from hyla.attention.position import RelativePositionBias
 
 __all__ = [

@@ -15,16 +15,17 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from hyla.attention import functional as fn
 from hyla.attention.attend import attend
+from hyla.attention.cache import KVCache
 from hyla.attention.config import AttentionConfig, attention_preset, canonical_backend
 from hyla.attention.direct import DirectFormHooks
 from hyla.attention.functional import causal_mask
+from hyla.attention.hypernetwork import GeneratedValueNetwork, generated_value_network
 from hyla.attention.position import RelativePositionBias, apply_rope, rope_angles
 
 
@@ -37,58 +38,6 @@ class HookPoint(nn.Module):
     @property
     def has_hooks(self) -> bool:
         return bool(self._forward_hooks or self._forward_pre_hooks)
-
-
-@dataclass
-class KVCache:
-    """Keys and values seen so far in incremental decoding (``k_BxHxTxE``, ``v_BxHxTxD``).
-
-    The keys are stored after RoPE, so a cached key never needs re-rotation. HYLA's value network is
-    recomputed from the cached keys and values for every new query (its weights depend on q and k).
-    """
-
-    k_BxHxTxE: Tensor | None = None
-    v_BxHxTxD: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k_BxHxTxE is None else self.k_BxHxTxE.shape[2]
-
-    def append(self, k_BxHxTxE: Tensor, v_BxHxTxD: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k_BxHxTxE is None or self.v_BxHxTxD is None:
-            self.k_BxHxTxE, self.v_BxHxTxD = k_BxHxTxE, v_BxHxTxD
-        else:
-            self.k_BxHxTxE = torch.cat([self.k_BxHxTxE, k_BxHxTxE], dim=2)
-            self.v_BxHxTxD = torch.cat([self.v_BxHxTxD, v_BxHxTxD], dim=2)
-        return self.k_BxHxTxE, self.v_BxHxTxD
-
-
-@dataclass
-class GeneratedValueNetwork:
-    """The key-query specific value network that the latent code generates, materialized.
-
-    ``layers[i] = (weight_BxQxKxOxI, bias_BxQxKxO or None)``; ``phi`` follows every layer but the
-    last. For ``linear`` there is one layer ``W[q,k] = sum_h a[h,q,k] W_out[h] @ W_val[h]``; for
-    ``hyper`` two (``sum_h a_h W_val[h]`` then ``sum_h a_h W_out[h]``); ``hyper_deep`` has three.
-    ``out_bias_O`` is the output projection's bias, added once per query.
-    """
-
-    layers: list[tuple[Tensor, Tensor | None]]
-    phi: str
-    out_bias_O: Tensor | None
-
-    def __call__(self, context_BxKxC: Tensor) -> Tensor:
-        """``out[q] = sum_k net_{q,k}(x_k) + out_bias``, computed from the materialized weights."""
-        act = fn.nonlinearity(self.phi)
-        h_BxQxKxI = context_BxKxC[:, None, :, :].expand(-1, self.layers[0][0].shape[1], -1, -1)
-        for i, (w_BxQxKxOxI, b_BxQxKxO) in enumerate(self.layers):
-            h_BxQxKxI = torch.einsum("bqkoi,bqki->bqko", w_BxQxKxOxI, h_BxQxKxI)
-            if b_BxQxKxO is not None:
-                h_BxQxKxI = h_BxQxKxI + b_BxQxKxO
-            if i < len(self.layers) - 1:
-                h_BxQxKxI = act(h_BxQxKxI)
-        out_BxQxO = h_BxQxKxI.sum(dim=2)
-        return out_BxQxO if self.out_bias_O is None else out_BxQxO + self.out_bias_O
 
 
 class Attention(nn.Module):
@@ -430,28 +379,7 @@ class Attention(nn.Module):
             key_padding_mask=key_padding_mask,
             return_latent=True,
         )
-        h, dv = self.num_heads, self.head_dim_v
-        w_val_HxDxC = self.v_proj.weight.view(h, dv, self.kv_dim)
-        b_val_HxD = self.v_proj.bias.view(h, dv) if self.v_proj.bias is not None else None
-        w_out_HxOxD = self.out_proj.weight.view(self.out_dim, h, dv).permute(1, 0, 2)
-        out_bias = self.out_proj.bias
-
-        def generate(w_HxOxI: Tensor) -> Tensor:
-            return torch.einsum("bhqk,hoi->bqkoi", a, w_HxOxI)
-
-        def generate_bias(b_HxO: Tensor | None) -> Tensor | None:
-            return None if b_HxO is None else torch.einsum("bhqk,ho->bqko", a, b_HxO)
-
-        if self.config.value_network == "linear":
-            w_HxOxC = torch.einsum("hod,hdc->hoc", w_out_HxOxD, w_val_HxDxC)
-            b_HxO = None if b_val_HxD is None else torch.einsum("hod,hd->ho", w_out_HxOxD, b_val_HxD)
-            layers = [(generate(w_HxOxC), generate_bias(b_HxO))]
-        else:
-            layers = [(generate(w_val_HxDxC), generate_bias(b_val_HxD))]
-            if self.w_mid_HxDxD is not None:
-                layers.append((generate(self.w_mid_HxDxD), None))
-            layers.append((generate(w_out_HxOxD), None))
-        return GeneratedValueNetwork(layers, self.config.nonlinearity, out_bias)
+        return generated_value_network(self, a)
 
 
 #: torch's own frames (``nn.Module.__call__``, ``torch.no_grad``) lie between a caller and ``forward``
