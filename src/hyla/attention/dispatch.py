@@ -14,7 +14,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from hyla.attention.backend import AttentionCall, Backend, per_head_mask_reason
+from hyla.attention.backend import AttentionCall, Backend
 from hyla.attention.config import AttentionConfig, canonical_backend
 from hyla.attention.direct import DIRECT
 from hyla.attention.functional import hypernetwork_attention
@@ -157,7 +157,7 @@ def cuda_auto_choice(call: AttentionCall) -> Backend:
     q, v = call.q_BxHxQxE, call.v_BxHxKxD
     if not call.config.is_hyper or call.dropout_keep_11xQxK is not None:
         return DIRECT
-    reason = per_head_mask_reason(call.mask) or FUSED.covers(call)
+    reason = FUSED.covers(call)
     if reason is not None:
         _warn_once(reason)
         return DIRECT

@@ -25,7 +25,7 @@ import os
 import torch
 from torch import Tensor
 
-from hyla.attention.backend import AttentionCall, Backend
+from hyla.attention.backend import AttentionCall, Backend, per_head_mask_reason
 from hyla.attention.config import AttentionConfig
 from hyla.attention.kernels.coverage import (
     COVERAGE,
@@ -302,8 +302,10 @@ class Fused(Backend):
     name = "fused"
 
     def covers(self, call: AttentionCall) -> str | None:
-        return fused_unsupported_reason(call.config, *call.tensors) or dropout_unsupported_reason(
-            self.name, call.dropout_keep_11xQxK
+        return (
+            per_head_mask_reason(call.mask)
+            or fused_unsupported_reason(call.config, *call.tensors)
+            or dropout_unsupported_reason(self.name, call.dropout_keep_11xQxK)
         )
 
     def __call__(self, call: AttentionCall) -> Tensor:
