@@ -170,3 +170,26 @@ def test_gradient_accumulation_gives_the_same_updates(tmp_path: Path) -> None:
         assert {k: v for k, v in a.items() if k not in ("step", "split")} == pytest.approx(
             {k: v for k, v in b.items() if k not in ("step", "split")}, rel=1e-5
         )
+
+
+def test_scaled_tied_logits_are_the_tied_logits_over_sqrt_width() -> None:
+    preset = {**LM_PRESETS["lm-wiki"], "num_layers": 2, "attention_dropout": 0.0}
+    torch.manual_seed(0)
+    scaled = Transformer(TransformerConfig(vocab_size=50, output_dim=50, attention="hyla", **preset)).eval()
+    plain = Transformer(
+        TransformerConfig(vocab_size=50, output_dim=50, attention="hyla", **{**preset, "scale_tied_logits": False})
+    ).eval()
+    plain.load_state_dict(scaled.state_dict())
+    tokens = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(tokens), plain(tokens) / math.sqrt(preset["emb_dim"]))
+    with pytest.raises(ValueError, match="scale_tied_logits needs tie_embeddings"):
+        TransformerConfig(vocab_size=50, output_dim=50, scale_tied_logits=True).validate()
+
+
+def test_the_lm_wiki_config_builds_the_lm_wiki_preset() -> None:
+    from hyla.train.config import load_config
+
+    model = load_config("lm_wiki", []).model
+    for key, value in LM_PRESETS["lm-wiki"].items():
+        assert getattr(model, key) == value, key

@@ -1,10 +1,12 @@
 """Causal language models from the task transformer: presets and sampling with a key/value cache.
 
-A language model is a ``Transformer`` with token inputs, tied input/output
-embeddings, RoPE, RMSNorm, SwiGLU and causal attention (any preset). Presets (model widths; the data
-and training sides live in ``hyla/configs/lm_*.yaml``): ``lm-tiny`` (CPU minutes), ``lm-small``, and
-``lm-paper`` (the paper's C4 model: 6 layers, emb 512, 8 heads, mlp 2048; we read the paper's
-"qk/v 64" as 64 per head, i.e. 512 in total, the usual choice for emb 512 and 8 heads).
+A language model is a ``Transformer`` with token inputs, tied input/output embeddings, SwiGLU and causal
+attention (any preset). Presets (model widths; the data and training sides live in ``hyla/configs/lm_*.yaml``):
+``lm-tiny`` (CPU minutes), ``lm-small`` and ``lm-paper`` with RoPE and RMSNorm; ``lm-wiki``, the authors'
+public WikiText model (``configs/wiki.py``: 8 layers, emb 128, 16 heads of 8, SwiGLU 256, LayerNorm, T5
+relative-position bias, attention dropout 0.1, flax init, tied logits divided by ``sqrt(emb_dim)``).
+``lm-paper`` is the paper's C4 model (6 layers, emb 512, 8 heads, mlp 2048); we read the paper's "qk/v 64" as
+64 per head, i.e. 512 in total, the usual choice for emb 512 and 8 heads.
 
 That reading is uncertain. The paper gives qk/v as totals for its task models, and the authors' public
 WikiText config (16 heads, qk = v = 128 in total) uses heads of 8; read as a total, "qk/v 64" is
@@ -29,6 +31,27 @@ LM_PRESETS: dict[str, dict[str, object]] = {
     "lm-tiny": dict(num_layers=2, emb_dim=128, num_heads=4, qk_dim=128, v_dim=128, mlp_dim=384, **_LM_COMMON),
     "lm-small": dict(num_layers=4, emb_dim=256, num_heads=4, qk_dim=256, v_dim=256, mlp_dim=1024, **_LM_COMMON),
     "lm-paper": dict(num_layers=6, emb_dim=512, num_heads=8, qk_dim=512, v_dim=512, mlp_dim=2048, **_LM_COMMON),
+    "lm-wiki": dict(
+        num_layers=8,
+        emb_dim=128,
+        num_heads=16,
+        qk_dim=128,
+        v_dim=128,
+        mlp_dim=256,
+        feedforward="swiglu",
+        norm="layer",
+        norm_eps=1e-6,
+        causal=True,
+        rope=False,
+        relative_position=True,
+        relative_position_buckets=128,
+        relative_position_max_distance=128,
+        relative_position_bidirectional=False,
+        attention_dropout=0.1,
+        init="flax",
+        tie_embeddings=True,
+        scale_tied_logits=True,
+    ),
 }
 
 

@@ -70,6 +70,8 @@ class TransformerConfig:
     width_multiplier: int = 1
     single_head: bool = False
     tie_embeddings: bool = False
+    # the paper code's language model divides its tied logits by sqrt(emb_dim) (CausalTransformer)
+    scale_tied_logits: bool = False
     attention_backend: str = "auto"
     init: str = "torch"  # torch (PyTorch's defaults) | flax (the paper's code)
     gelu_approximate: str = "none"  # none | tanh (flax's nn.gelu)
@@ -105,6 +107,8 @@ class TransformerConfig:
             raise ValueError(f"width_multiplier must be >= 1, got {self.width_multiplier}")
         if self.tie_embeddings and self.vocab_size is None:
             raise ValueError("tie_embeddings needs token inputs (vocab_size)")
+        if self.scale_tied_logits and not self.tie_embeddings:
+            raise ValueError("scale_tied_logits needs tie_embeddings=true")
         if self.tie_embeddings and self.vocab_size != self.output_dim:
             raise ValueError(
                 f"tie_embeddings needs output_dim == vocab_size, got {self.output_dim} != {self.vocab_size}"
@@ -297,7 +301,8 @@ class Transformer(nn.Module):
                 last_positions if i == last else None,
                 keeps[i],
             )
-        return self.readout(self.hook_resid_final(self.norm(x)))
+        logits = self.readout(self.hook_resid_final(self.norm(x)))
+        return logits * self.cfg.emb_dim**-0.5 if self.cfg.scale_tied_logits else logits
 
     def dropout_mask_shapes(self, seq_len: int, last_positions: int | None = None) -> list[tuple[int, int]]:
         """``(Q, K)`` of each attention dropout mask that a training forward of ``seq_len`` tokens draws,
