@@ -54,13 +54,19 @@ def attention_scores(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, bias: Tensor | None =
 
 
 def normalize_scores(
-    s_BxHxQxK: Tensor, normalization: str, mask_Bx1xQxK: Tensor | None = None, rms_eps: float = 1e-6
+    s_BxHxQxK: Tensor,
+    normalization: str,
+    mask_Bx1xQxK: Tensor | None = None,
+    rms_eps: float = 1e-6,
+    key_normalization: str = "none",
 ) -> Tensor:
     """Turn scores into the latent code ``a_BxHxQxK``.
 
     ``softmax`` normalizes over keys (masked keys get weight 0; a query with no visible key gets an
     all-zero row instead of NaN). ``none`` and ``rms_head`` set masked pairs to 0 *before* normalizing;
     ``rms_head`` divides each (q, k) pair's vector of H scores by its RMS across heads.
+    ``key_normalization="count"`` then divides each query's code by its number of visible keys, so every sum
+    over keys that the code weighs (both of HYLA's) becomes a mean; a query with no visible key keeps zeros.
     """
     if normalization == "softmax":
         if mask_Bx1xQxK is None:
@@ -70,11 +76,20 @@ def normalize_scores(
         return a * mask_Bx1xQxK
     if mask_Bx1xQxK is not None:
         s_BxHxQxK = s_BxHxQxK * mask_Bx1xQxK
-    if normalization == "none":
-        return s_BxHxQxK
     if normalization == "rms_head":
-        return s_BxHxQxK * torch.rsqrt(s_BxHxQxK.pow(2).mean(dim=1, keepdim=True) + rms_eps)
-    raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
+        s_BxHxQxK = s_BxHxQxK * torch.rsqrt(s_BxHxQxK.pow(2).mean(dim=1, keepdim=True) + rms_eps)
+    elif normalization != "none":
+        raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
+    if key_normalization == "count":
+        return s_BxHxQxK / visible_keys(mask_Bx1xQxK, s_BxHxQxK)
+    return s_BxHxQxK
+
+
+def visible_keys(mask_Bx1xQxK: Tensor | None, s_BxHxQxK: Tensor) -> Tensor | float:
+    """The number of keys each query sees (at least 1), broadcastable to ``s_BxHxQxK``, in its dtype."""
+    if mask_Bx1xQxK is None:
+        return float(s_BxHxQxK.shape[-1])
+    return mask_Bx1xQxK.sum(dim=-1, keepdim=True).clamp(min=1).to(s_BxHxQxK.dtype)
 
 
 def draw_keep_mask(
@@ -147,7 +162,7 @@ def hypernetwork_attention(
 ) -> tuple[Tensor, Tensor]:
     """Direct form of every attention variant: returns ``(y_BxHxQxD, a_BxHxQxK)``."""
     s = attention_scores(q_BxHxQxE, k_BxHxKxE, bias)
-    a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps)
+    a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps, config.key_normalization)
     y, _ = value_network(a, v_BxHxKxD, config.value_network, config.nonlinearity, w_mid_HxDxD)
     return y, a
 

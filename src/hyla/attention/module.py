@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -87,6 +88,9 @@ class Attention(nn.Module):
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
+        key_normalization: override the preset's (``"none"``, the paper's sums over keys; ``"count"``, ours:
+            each sum over keys divided by the number of keys the query sees; not with softmax). Computed by the
+            direct form and ``chunked``; the kernels refuse it by name, and ``auto`` leaves it to the direct form.
         backend: ``auto`` | ``direct`` | ``manual_backward`` | ``fused_cpu`` | ``fused`` | ``chunked``; how
             the attention is computed (see ``hyla.attention.dispatch``: ``auto`` is ``fused``,
             the Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
@@ -118,13 +122,14 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         nonlinearity: str | None = None,
+        key_normalization: str | None = None,
         backend: str = "auto",
         chunk_size: int = 256,
     ) -> None:
         super().__init__()
         config = attention if isinstance(attention, AttentionConfig) else attention_preset(attention)
-        if nonlinearity is not None:
-            config = AttentionConfig(config.normalization, config.value_network, nonlinearity, config.rms_eps)  # type: ignore[arg-type]
+        overrides = {"nonlinearity": nonlinearity, "key_normalization": key_normalization}
+        config = replace(config, **{name: value for name, value in overrides.items() if value is not None})
         for name, value in (("dim", dim), ("num_heads", num_heads)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -167,8 +172,9 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
+        counted = f"key_normalization={c.key_normalization}, " if c.key_normalization != "none" else ""
         return (
-            f"normalization={c.normalization}, value_network={c.value_network}, phi={c.nonlinearity}, "
+            f"normalization={c.normalization}, value_network={c.value_network}, phi={c.nonlinearity}, {counted}"
             f"heads={self.num_heads}, head_dim_qk={self.head_dim_qk}, head_dim_v={self.head_dim_v}, "
             f"causal={self.causal}, rope={self.rope}, dropout={self.dropout}, backend={self.backend}"
         )

@@ -94,6 +94,8 @@ def naive_attention(
                         vec_H = vec_H * 0.0
                     if cfg.normalization == "rms_head":
                         vec_H = vec_H / torch.sqrt((vec_H**2).mean() + cfg.rms_eps)
+                    if cfg.key_normalization == "count":  # a mean over the keys this query sees
+                        vec_H = vec_H / max(sum(visible[q]), 1)
                     latent[b, :, q, k] = vec_H
 
     # the generated value network per pair, then out_q = sum_k net_{q,k}(x_k) + b_out

@@ -55,6 +55,7 @@ class TransformerConfig:
     mlp_dim: int = 256
     attention: str = "hyla"
     nonlinearity: str | None = None
+    key_normalization: str = "none"  # none (the paper) | count (ours): sums over keys divided by the keys seen
     feedforward: str = "gelu"
     moe_experts: int = 0
     moe_top_k: int = 2
@@ -82,6 +83,7 @@ class TransformerConfig:
             raise ValueError("set exactly one of input_dim (vector inputs) and vocab_size (token inputs)")
         if self.attention not in PRESETS:
             raise ValueError(f"attention={self.attention!r} is unknown; allowed values: {', '.join(PRESETS)}")
+        attention_preset(self.attention, key_normalization=self.key_normalization)  # its own clear error
         if self.feedforward not in FEEDFORWARDS:
             raise ValueError(
                 f"feedforward={self.feedforward!r} is not valid; allowed values: {', '.join(FEEDFORWARDS)}"
@@ -198,7 +200,7 @@ class Block(nn.Module):
         self.attn = Attention(
             cfg.emb_dim,
             cfg.num_heads,
-            attention_preset(cfg.attention),
+            attention_preset(cfg.attention, key_normalization=cfg.key_normalization),
             qk_dim=cfg.qk_dim,
             v_dim=cfg.v_dim,
             causal=cfg.causal,
