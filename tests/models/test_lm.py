@@ -193,3 +193,21 @@ def test_the_lm_wiki_config_builds_the_lm_wiki_preset() -> None:
     model = load_config("lm_wiki", []).model
     for key, value in LM_PRESETS["lm-wiki"].items():
         assert getattr(model, key) == value, key
+
+
+@pytest.mark.parametrize(
+    "attention, key_normalization",
+    [("softmax", "none"), ("linear", "none"), ("hyla", "none"), ("linear", "count"), ("hyla", "count")],
+)
+def test_lm_wiki_trains_every_variant_and_loss_falls(tmp_path: Path, attention: str, key_normalization: str) -> None:
+    """The authors' preset (dropout, relative positions, flax init, scaled tied logits) at LM_TINY's widths."""
+    settings = [f"model.attention={attention}", f"model.key_normalization={key_normalization}", "train.lr=0.01"]
+    run = tmp_path / "run"
+    args = ["lm_wiki", f"data.corpus={write_corpus(tmp_path / 'c')}", *LM_TINY, *settings]
+    assert main(["train", *args, "train.steps=12", "--out", str(run), "--quiet"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r["split"] == "train_batch"]
+    assert losses[-1] < losses[0]
+    _path, _cfg, _task, model, _weights, _step = load_trained(run)
+    assert model.blocks[0].attn.config.key_normalization == key_normalization
+    assert model.blocks[0].attn.dropout == 0.1 and model.cfg.scale_tied_logits

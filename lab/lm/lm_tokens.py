@@ -1,0 +1,184 @@
+"""Validation perplexity against tokens (lab/tables/lm_cpu.md, section 5), from the records of the sweeps in lab/lm/.
+
+    python lab/lm/lm_tokens.py                 # lab/tables/lm_tokens.md and lab/tables/lm_tokens.png
+    python lab/lm/lm_tokens.py --best lm_lr_count linear   # the rate at which that row ended lowest
+
+A run's tokens at an evaluation are its step x batch size x sequence length. A run still training shows the
+evaluations it has reached (marked "in progress"); a sweep without records is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyla.train.run.folder import has_record, read_run, run_state
+
+LAB = Path(__file__).resolve().parents[1]
+RUNS = LAB / "runs"
+SWEEPS = {"lm_tokens_tiny": "our preset (lm_tiny, 16 heads of 8)", "lm_tokens_wiki": "the authors' preset (lm_wiki)"}
+#: the two that part 2 compares, and their key_normalization=count twins
+GAP = ("hyla", "linear")
+TABLE_TOKENS = (1.2e6, 2.5e6, 4.9e6, 9.8e6)
+
+
+@dataclass
+class Curve:
+    sweep: str
+    row: str
+    run: str
+    tokens: list[float]
+    val_ppl: list[float]
+    finished: bool
+    lr: float
+    key_normalization: str
+
+
+def read_curves(sweep: str, runs: Path = RUNS) -> list[Curve]:
+    curves = []
+    for run_dir in sorted((runs / sweep).glob("*-seed0")):
+        if not has_record(run_dir):
+            continue
+        record = read_run(run_dir)
+        cfg = record.config
+        per_step = cfg["train"]["batch_size"] * cfg["data"]["seq_len"]
+        steps, ppl = record.curve("val", "ppl")
+        row = run_dir.name.split("-")[0]
+        curves.append(
+            Curve(
+                sweep,
+                row,
+                run_dir.name,
+                [s * per_step for s in steps],
+                ppl,
+                run_state(run_dir) == "done",
+                cfg["train"]["lr"],
+                cfg["model"].get("key_normalization", "none"),
+            )
+        )
+    return curves
+
+
+def at_tokens(curve: Curve, tokens: float) -> float | None:
+    """The validation perplexity of the evaluation nearest ``tokens`` (within 5%), or None."""
+    best = min(range(len(curve.tokens)), key=lambda i: abs(curve.tokens[i] - tokens), default=None)
+    if best is None or abs(curve.tokens[best] - tokens) > 0.05 * tokens:
+        return None
+    return curve.val_ppl[best]
+
+
+def best_rate(sweep: str, row: str, runs: Path = RUNS) -> float:
+    """The rate among ``sweep``'s finished runs of ``row`` whose last validation perplexity is lowest."""
+    finals = {c.lr: c.val_ppl[-1] for c in read_curves(sweep, runs) if c.row == row and c.finished and c.val_ppl}
+    if not finals:
+        raise SystemExit(f"no finished run of row {row!r} in {runs / sweep}")
+    return min(finals, key=finals.__getitem__)
+
+
+def gap(curves: list[Curve], suffix: str) -> tuple[list[float], list[float]] | None:
+    """HYLA - linear validation perplexity at the token counts both reached (rows ``hyla``/``linear`` + suffix)."""
+    by_row = {c.row: c for c in curves}
+    hyla, linear = by_row.get(GAP[0] + suffix), by_row.get(GAP[1] + suffix)
+    if hyla is None or linear is None:
+        return None
+    shared = sorted(set(hyla.tokens) & set(linear.tokens))
+    h, lin = dict(zip(hyla.tokens, hyla.val_ppl)), dict(zip(linear.tokens, linear.val_ppl))
+    return shared, [h[t] - lin[t] for t in shared]
+
+
+def tokens_text(tokens: float) -> str:
+    return f"{tokens / 1e6:.1f}M" if tokens >= 1e5 else f"{tokens:,.0f}"
+
+
+def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE_TOKENS) -> str:
+    head = "| preset | row | key sums | lr | " + " | ".join(tokens_text(t) for t in columns) + " | state |"
+    lines = [head, "|" + "---|" * (5 + len(columns))]
+    for sweep, curves in all_curves.items():
+        for c in curves:
+            cells = [at_tokens(c, t) for t in columns]
+            state = (
+                "finished" if c.finished else f"in progress ({tokens_text(c.tokens[-1])})" if c.tokens else "started"
+            )
+            lines.append(
+                f"| {sweep} | {c.row} | {c.key_normalization} | {c.lr:g} | "
+                + " | ".join("" if v is None else f"{v:.2f}" for v in cells)
+                + f" | {state} |"
+            )
+    gaps = []
+    for sweep, curves in all_curves.items():
+        for suffix in ("", "_count"):
+            g = gap(curves, suffix)
+            if g is None:
+                continue
+            points = [
+                f"{v:+.2f} at {tokens_text(t)}" for t, v in zip(*g) if any(abs(t - x) < 0.05 * x for x in columns)
+            ]
+            if points:
+                gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix}: " + ", ".join(points))
+    return "\n".join([*lines, "", *gaps])
+
+
+def plot(all_curves: dict[str, list[Curve]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(all_curves), figsize=(5.5 * len(all_curves), 7), squeeze=False)
+    for col, (sweep, curves) in enumerate(all_curves.items()):
+        top, bottom = axes[0, col], axes[1, col]
+        for c in curves:
+            style = "--" if c.key_normalization == "count" else "-"
+            top.plot([t / 1e6 for t in c.tokens], c.val_ppl, style, label=f"{c.row} (lr {c.lr:g})")
+        top.set_yscale("log")
+        top.set_title(SWEEPS[sweep], fontsize=10)
+        top.set_ylabel("validation perplexity")
+        top.legend(fontsize=8)
+        for suffix in ("", "_count"):
+            g = gap(curves, suffix)
+            if g is not None:
+                bottom.plot(
+                    [t / 1e6 for t in g[0]], g[1], "--" if suffix else "-", label=f"HYLA{suffix} - linear{suffix}"
+                )
+        bottom.axhline(0, color="gray", lw=0.8)
+        bottom.set_xlabel("training tokens (millions)")
+        bottom.set_ylabel("perplexity gap")
+        bottom.legend(fontsize=8)
+        finite = [v for c in curves for v in c.val_ppl if math.isfinite(v)]
+        if finite:
+            top.set_ylim(min(finite) * 0.9, min(max(finite), 200))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--best", nargs=2, metavar=("SWEEP", "ROW"), help="print the best rate of ROW in SWEEP")
+    parser.add_argument("--out", type=Path, default=LAB / "tables" / "lm_tokens")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="where the sweeps' records are")
+    parser.add_argument(
+        "--tokens", default=",".join(f"{t:g}" for t in TABLE_TOKENS), help="the table's token counts, comma-separated"
+    )
+    args = parser.parse_args()
+    if args.best:
+        print(best_rate(*args.best, runs=args.runs))
+        return
+    all_curves = {sweep: curves for sweep in SWEEPS if (curves := read_curves(sweep, args.runs))}
+    if not all_curves:
+        raise SystemExit(f"no records of {', '.join(SWEEPS)} under {args.runs}")
+    header = (
+        "# Validation perplexity against tokens\n\n"
+        "Generated by `python lab/lm/lm_tokens.py` from the records of `lab/runs/lm_tokens_tiny` and\n"
+        "`lab/runs/lm_tokens_wiki`; the setup and what it shows: `lm_cpu.md`, section 5.\n\n"
+        "Validation perplexity of seed 0 at the evaluation nearest each token count.\n\n"
+    )
+    columns = tuple(float(t) for t in args.tokens.split(","))
+    args.out.with_suffix(".md").write_text(header + table(all_curves, columns) + "\n")
+    plot(all_curves, args.out.with_suffix(".png"))
+    print(f"wrote {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
