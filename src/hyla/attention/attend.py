@@ -8,6 +8,7 @@ from torch import Tensor
 from hyla.attention.backend import AttentionCall
 from hyla.attention.config import AttentionConfig
 from hyla.attention.direct import DIRECT, DirectFormHooks
+from hyla.attention.functional import visible_keys
 
 
 def attend(
@@ -46,7 +47,9 @@ def attend(
         hooks: the direct form's intermediates pass through these.
 
     Returns:
-        ``(y_BxHxQxD, a_BxHxQxK)``; the latent code ``a`` only from the direct form, else None.
+        ``(y_BxHxQxD, a_BxHxQxK)``; the latent code ``a`` only from the direct form, else None. With
+        ``config.key_normalization="count"`` the heads are divided here, after whichever backend summed over keys
+        (every backend computes the plain sums; the one sum over keys of each variant becomes a mean).
     """
     call = AttentionCall(
         q_BxHxQxE, k_BxHxKxE, v_BxHxKxD, config, mask, bias, w_mid_HxDxD, dropout, dropout_keep_11xQxK, chunk_size
@@ -57,5 +60,12 @@ def attend(
 
         chosen = choose(backend, call)
         if chosen is not DIRECT:
-            return chosen(call), None
-    return DIRECT.with_latent(call, hooks)
+            return _key_normalized(chosen(call), call), None
+    y, a = DIRECT.with_latent(call, hooks)
+    return _key_normalized(y, call), a
+
+
+def _key_normalized(y_BxHxQxD: Tensor, call: AttentionCall) -> Tensor:
+    if call.config.key_normalization == "count":
+        return y_BxHxQxD / visible_keys(call.mask, call.k_BxHxKxE.shape[-2], y_BxHxQxD.dtype)
+    return y_BxHxQxD

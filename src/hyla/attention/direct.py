@@ -38,7 +38,7 @@ class Direct(Backend):
         if hooks is not None:
             s = hooks.scores(s)
         config = call.config
-        a = normalize_scores(s, config.normalization, call.mask, config.rms_eps, config.key_normalization)
+        a = normalize_scores(s, config.normalization, call.mask, config.rms_eps)
         if hooks is not None:
             a = hooks.latent(a)
         keep = call.dropout_keep_11xQxK

@@ -54,19 +54,13 @@ def attention_scores(q_BxHxQxE: Tensor, k_BxHxKxE: Tensor, bias: Tensor | None =
 
 
 def normalize_scores(
-    s_BxHxQxK: Tensor,
-    normalization: str,
-    mask_Bx1xQxK: Tensor | None = None,
-    rms_eps: float = 1e-6,
-    key_normalization: str = "none",
+    s_BxHxQxK: Tensor, normalization: str, mask_Bx1xQxK: Tensor | None = None, rms_eps: float = 1e-6
 ) -> Tensor:
     """Turn scores into the latent code ``a_BxHxQxK``.
 
     ``softmax`` normalizes over keys (masked keys get weight 0; a query with no visible key gets an
     all-zero row instead of NaN). ``none`` and ``rms_head`` set masked pairs to 0 *before* normalizing;
     ``rms_head`` divides each (q, k) pair's vector of H scores by its RMS across heads.
-    ``key_normalization="count"`` then divides each query's code by its number of visible keys, so every sum
-    over keys that the code weighs (both of HYLA's) becomes a mean; a query with no visible key keeps zeros.
     """
     if normalization == "softmax":
         if mask_Bx1xQxK is None:
@@ -76,20 +70,19 @@ def normalize_scores(
         return a * mask_Bx1xQxK
     if mask_Bx1xQxK is not None:
         s_BxHxQxK = s_BxHxQxK * mask_Bx1xQxK
+    if normalization == "none":
+        return s_BxHxQxK
     if normalization == "rms_head":
-        s_BxHxQxK = s_BxHxQxK * torch.rsqrt(s_BxHxQxK.pow(2).mean(dim=1, keepdim=True) + rms_eps)
-    elif normalization != "none":
-        raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
-    if key_normalization == "count":
-        return s_BxHxQxK / visible_keys(mask_Bx1xQxK, s_BxHxQxK)
-    return s_BxHxQxK
+        return s_BxHxQxK * torch.rsqrt(s_BxHxQxK.pow(2).mean(dim=1, keepdim=True) + rms_eps)
+    raise ValueError(f"normalization={normalization!r} is not valid; allowed values: softmax, none, rms_head")
 
 
-def visible_keys(mask_Bx1xQxK: Tensor | None, s_BxHxQxK: Tensor) -> Tensor | float:
-    """The number of keys each query sees (at least 1), broadcastable to ``s_BxHxQxK``, in its dtype."""
+def visible_keys(mask_Bx1xQxK: Tensor | None, num_keys: int, dtype: torch.dtype) -> Tensor | float:
+    """The number of keys each query sees (at least 1), broadcastable to ``B x H x Q x 1`` (``key_normalization``
+    ``"count"`` divides the sum over keys by it)."""
     if mask_Bx1xQxK is None:
-        return float(s_BxHxQxK.shape[-1])
-    return mask_Bx1xQxK.sum(dim=-1, keepdim=True).clamp(min=1).to(s_BxHxQxK.dtype)
+        return float(num_keys)
+    return mask_Bx1xQxK.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)
 
 
 def draw_keep_mask(
@@ -160,9 +153,10 @@ def hypernetwork_attention(
     bias: Tensor | None = None,
     w_mid_HxDxD: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Direct form of every attention variant: returns ``(y_BxHxQxD, a_BxHxQxK)``."""
+    """Direct form of every attention variant: returns ``(y_BxHxQxD, a_BxHxQxK)``, the sums over keys as they are
+    (``config.key_normalization`` is applied by ``hyla.attention.attend.attend``, after any backend)."""
     s = attention_scores(q_BxHxQxE, k_BxHxKxE, bias)
-    a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps, config.key_normalization)
+    a = normalize_scores(s, config.normalization, mask_Bx1xQxK, config.rms_eps)
     y, _ = value_network(a, v_BxHxKxD, config.value_network, config.nonlinearity, w_mid_HxDxD)
     return y, a
 

@@ -43,27 +43,34 @@ class GeneratedValueNetwork:
         return out_BxQxO if self.out_bias_O is None else out_BxQxO + self.out_bias_O
 
 
-def generated_value_network(attention: Attention, a: Tensor) -> GeneratedValueNetwork:
-    """The value network ``W[q,k]`` that the latent code ``a_BxHxQxK`` generates from ``attention``'s weights."""
+def generated_value_network(
+    attention: Attention, a: Tensor, key_counts: Tensor | float | None = None
+) -> GeneratedValueNetwork:
+    """The value network ``W[q,k]`` that the latent code ``a_BxHxQxK`` generates from ``attention``'s weights.
+
+    ``key_counts`` (``key_normalization="count"``): the keys each query sees, broadcastable to ``B x H x Q x 1``;
+    the sum over keys is a mean, so the last generated layer is generated from ``a / key_counts``."""
     h, dv = attention.num_heads, attention.head_dim_v
     w_val_HxDxC = attention.v_proj.weight.view(h, dv, attention.kv_dim)
     b_val_HxD = attention.v_proj.bias.view(h, dv) if attention.v_proj.bias is not None else None
     w_out_HxOxD = attention.out_proj.weight.view(attention.out_dim, h, dv).permute(1, 0, 2)
     out_bias = attention.out_proj.bias
 
-    def generate(w_HxOxI: Tensor) -> Tensor:
-        return torch.einsum("bhqk,hoi->bqkoi", a, w_HxOxI)
+    a_last = a if key_counts is None else a / key_counts
 
-    def generate_bias(b_HxO: Tensor | None) -> Tensor | None:
-        return None if b_HxO is None else torch.einsum("bhqk,ho->bqko", a, b_HxO)
+    def generate(w_HxOxI: Tensor, code: Tensor = a) -> Tensor:
+        return torch.einsum("bhqk,hoi->bqkoi", code, w_HxOxI)
+
+    def generate_bias(b_HxO: Tensor | None, code: Tensor = a) -> Tensor | None:
+        return None if b_HxO is None else torch.einsum("bhqk,ho->bqko", code, b_HxO)
 
     if attention.config.value_network == "linear":
         w_HxOxC = torch.einsum("hod,hdc->hoc", w_out_HxOxD, w_val_HxDxC)
         b_HxO = None if b_val_HxD is None else torch.einsum("hod,hd->ho", w_out_HxOxD, b_val_HxD)
-        layers = [(generate(w_HxOxC), generate_bias(b_HxO))]
+        layers = [(generate(w_HxOxC, a_last), generate_bias(b_HxO, a_last))]
     else:
         layers = [(generate(w_val_HxDxC), generate_bias(b_val_HxD))]
         if attention.w_mid_HxDxD is not None:
             layers.append((generate(attention.w_mid_HxDxD), None))
-        layers.append((generate(w_out_HxOxD), None))
+        layers.append((generate(w_out_HxOxD, a_last), None))
     return GeneratedValueNetwork(layers, attention.config.nonlinearity, out_bias)

@@ -88,9 +88,8 @@ class Attention(nn.Module):
         rope: rotate queries and keys (needs even ``head_dim_qk``).
         bias: biases in the four projections.
         nonlinearity: override the preset's phi.
-        key_normalization: override the preset's (``"none"``, the paper's sums over keys; ``"count"``, ours:
-            each sum over keys divided by the number of keys the query sees; not with softmax). Computed by the
-            direct form and ``chunked``; the kernels refuse it by name, and ``auto`` leaves it to the direct form.
+        key_normalization: override the preset's: ``"none"`` (the paper's sum over keys) or ``"count"`` (ours: the
+            sum over keys divided by the number of keys the query sees, on every backend; not with softmax).
         backend: ``auto`` | ``direct`` | ``manual_backward`` | ``fused_cpu`` | ``fused`` | ``chunked``; how
             the attention is computed (see ``hyla.attention.dispatch``: ``auto`` is ``fused``,
             the Triton kernel, on CUDA and ``fused_cpu``, a C kernel, on CPU, each where it covers the case;
@@ -212,27 +211,30 @@ class Attention(nn.Module):
             if context.shape[0] != x.shape[0]:
                 raise ValueError(f"context batch {context.shape[0]} does not match x batch {x.shape[0]}")
 
-    def build_mask(
+    def mask_and_bias(
         self,
         batch: int,
         num_queries: int,
         num_keys: int,
         q_offset: int,
-        *,
-        device: torch.device,
+        like: Tensor,
         key_mask_BxK: Tensor | None = None,
         attn_mask: Tensor | None = None,
-    ) -> Tensor | None:
-        """Boolean mask (True = may attend) from causality, ``key_mask_BxK`` (True = attend) and a bool
-        ``attn_mask`` broadcastable to ``BxHxQxK``: ``Bx1xQxK`` unless ``attn_mask`` varies over heads; or None."""
-        mask = causal_mask(num_queries, num_keys, device, q_offset) if self.causal else None
+        attn_bias: Tensor | None = None,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """A forward's bool pair mask (True = may attend: causality, ``key_mask_BxK``, ``attn_mask``; ``Bx1xQxK``
+        unless it varies over heads; or None) and score bias; ``like`` gives the device and dtype."""
+        bias = self.score_bias(num_queries, num_keys, q_offset, attn_bias)
+        mask = causal_mask(num_queries, num_keys, like.device, q_offset) if self.causal else None  # offset: a cache
         if key_mask_BxK is not None:
             _check_key_mask("key_mask", key_mask_BxK, batch, num_keys, "True at keys to attend")
             keep = key_mask_BxK[:, None, None, :]
             mask = keep if mask is None else mask & keep
         if attn_mask is not None:
-            mask = attn_mask if mask is None else mask & attn_mask
-        return mask
+            shape = (batch, self.num_heads, num_queries, num_keys)
+            pair_mask, bias = fn.mask_and_bias(attn_mask, self.config.normalization, shape, like.dtype, bias)
+            mask = pair_mask if mask is None else mask & pair_mask
+        return mask, bias
 
     def score_bias(self, num_queries: int, num_keys: int, q_offset: int, attn_bias: Tensor | None) -> Tensor | None:
         """Additive per-head bias (relative positions and/or the caller's), broadcastable to BxHxQxK."""
@@ -296,17 +298,12 @@ class Attention(nn.Module):
         q, k, v = self.project(x_BxQxD, context_BxKxC, q_offset)
         if cache is not None:
             k, v = cache.append(k, v)
-        b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        b, nq, nk = q.shape[0], q.shape[2], k.shape[2]
         if key_padding_mask is not None:
             key_mask = _from_key_padding_mask(key_mask, key_padding_mask, b, nk)
         if cache is not None and key_mask is not None and key_mask.shape[-1] != nk:
             raise ValueError("with a cache, key_mask must cover all cached keys (batch, cache length)")
-        bias = self.score_bias(nq, nk, q_offset, attn_bias)
-        pair_mask = None
-        if attn_mask is not None:
-            pair_mask, bias = fn.mask_and_bias(attn_mask, self.config.normalization, (b, h, nq, nk), q.dtype, bias)
-        # with a causal cache the offset already encodes the query positions
-        mask = self.build_mask(b, nq, nk, q_offset, device=q.device, key_mask_BxK=key_mask, attn_mask=pair_mask)
+        mask, bias = self.mask_and_bias(b, nq, nk, q_offset, q, key_mask, attn_mask, attn_bias)
         y_BxHxQxD, a = self._attend(q, k, v, mask, bias, return_latent, dropout_keep)
         y_BxHxQxD = self.hook_heads(y_BxHxQxD)
         out = self.out_proj(y_BxHxQxD.transpose(1, 2).reshape(b, nq, -1))
@@ -376,16 +373,17 @@ class Attention(nn.Module):
         ``self.value_network_weights(x)(x)`` equals ``self(x)``; tests use this as the proof that the
         module is a hypernetwork. The masks and bias as ``forward``'s (``key_padding_mask`` deprecated).
         """
+        batch, num_keys = x_BxQxD.shape[0], (x_BxQxD if context_BxKxC is None else context_BxKxC).shape[1]
+        if key_padding_mask is not None:
+            key_mask = _from_key_padding_mask(key_mask, key_padding_mask, batch, num_keys)
         _, a = self.forward(
-            x_BxQxD,
-            context_BxKxC,
-            key_mask=key_mask,
-            attn_mask=attn_mask,
-            attn_bias=attn_bias,
-            key_padding_mask=key_padding_mask,
-            return_latent=True,
+            x_BxQxD, context_BxKxC, key_mask=key_mask, attn_mask=attn_mask, attn_bias=attn_bias, return_latent=True
         )
-        return generated_value_network(self, a)
+        counts = None
+        if self.config.key_normalization == "count":
+            mask, _ = self.mask_and_bias(batch, a.shape[2], num_keys, 0, a, key_mask, attn_mask, attn_bias)
+            counts = fn.visible_keys(mask, num_keys, a.dtype)
+        return generated_value_network(self, a, counts)
 
 
 #: torch's own frames (``nn.Module.__call__``, ``torch.no_grad``) lie between a caller and ``forward``

@@ -54,8 +54,10 @@ def naive_attention(
         bias_HxQxK = module.relative_position(Q, K)
 
     latent = x_BxQxD.new_zeros(B, H, Q, K)
+    visible_per_batch = []
     for b in range(B):
         visible = [[True] * K for _ in range(Q)]
+        visible_per_batch.append(visible)
         for q in range(Q):
             for k in range(K):
                 if module.causal and k > q:
@@ -94,8 +96,6 @@ def naive_attention(
                         vec_H = vec_H * 0.0
                     if cfg.normalization == "rms_head":
                         vec_H = vec_H / torch.sqrt((vec_H**2).mean() + cfg.rms_eps)
-                    if cfg.key_normalization == "count":  # a mean over the keys this query sees
-                        vec_H = vec_H / max(sum(visible[q]), 1)
                     latent[b, :, q, k] = vec_H
 
     # the generated value network per pair, then out_q = sum_k net_{q,k}(x_k) + b_out
@@ -118,6 +118,8 @@ def naive_attention(
                     hidden = phi(w_mid @ hidden)
                 w2 = sum(a_H[h] * w_out[:, h * D : (h + 1) * D] for h in range(H))
                 acc = acc + w2 @ hidden
+            if cfg.key_normalization == "count":  # the sum over keys as a mean over the keys this query sees
+                acc = acc / max(sum(visible_per_batch[b][q]), 1)
             if module.out_proj.bias is not None:
                 acc = acc + module.out_proj.bias
             rows.append(acc)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hyla.attention.config import KEY_NORMALIZATIONS, NORMALIZATIONS, PRESETS, VALUE_NETWORKS, AttentionConfig
+from hyla.attention.config import NORMALIZATIONS, PRESETS, VALUE_NETWORKS, AttentionConfig
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Coverage:
     ``dtypes`` / ``devices`` None: every floating dtype / every device type. ``vmap``: runs inside
     ``torch.vmap`` (stacked runs) without falling back. ``first_order_only``: double backward raises.
     ``dropout``: applies attention dropout itself (the others leave a training step with dropout to the
-    direct form). ``key_normalizations``: the ``AttentionConfig.key_normalization`` values it computes.
+    direct form).
     """
 
     normalizations: tuple[str, ...]
@@ -34,15 +34,14 @@ class Coverage:
     vmap: bool = True
     first_order_only: bool = False
     dropout: bool = False
-    key_normalizations: tuple[str, ...] = ("none",)
 
 
 _KERNEL_NORMALIZATIONS = ("rms_head", "none")  # RMSHead and no normalization are local to each (q, k) pair
 
 #: backend -> what it covers (``auto`` is a choice among these, see ``hyla.attention.dispatch``)
 COVERAGE: dict[str, Coverage] = {
-    "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS, dropout=True, key_normalizations=KEY_NORMALIZATIONS),
-    "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS, key_normalizations=KEY_NORMALIZATIONS),
+    "direct": Coverage(NORMALIZATIONS, VALUE_NETWORKS, dropout=True),
+    "chunked": Coverage(NORMALIZATIONS, VALUE_NETWORKS),
     "manual_backward": Coverage(_KERNEL_NORMALIZATIONS, ("hyper",), vmap=False, first_order_only=True),
     # (the C kernel runs in torch.vmap where its batching rule is registered: hyla.train.engines.vmap_rules)
     # (each (batch, query) row computes all its heads and keys, so softmax over keys is local to it too)
@@ -73,8 +72,6 @@ def variant_unsupported_reason(backend: str, config: AttentionConfig) -> str | N
         return f"value_network={config.value_network!r} (covered: {', '.join(cov.value_networks)})"
     if config.normalization not in cov.normalizations:
         return f"normalization={config.normalization!r} (covered: {', '.join(cov.normalizations)})"
-    if config.key_normalization not in cov.key_normalizations:
-        return f"key_normalization={config.key_normalization!r} (covered: {', '.join(cov.key_normalizations)})"
     return None
 
 
