@@ -16,7 +16,12 @@ from hyla.models import TransformerConfig
 
 COUNTED = sorted(name for name, config in PRESETS.items() if config.normalization != "softmax")
 #: every backend with the counted presets it covers
-CASES = [(backend, preset) for backend in sorted(COVERAGE) for preset in COUNTED if preset in covered_presets(backend)]
+CASES = [
+    pytest.param(backend, preset, marks=[pytest.mark.kernel] if backend == "fused" else [])  # the Triton tier
+    for backend in sorted(COVERAGE)
+    for preset in COUNTED
+    if preset in covered_presets(backend)
+]
 PADDING = torch.tensor([[True, True, True, False, False], [True, False, True, True, True]])  # True = attend
 
 
