@@ -4,15 +4,26 @@ materialized from an ``Attention``'s weights (small inputs only: memory B*Q*K*O*
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hyla.attention import functional as fn
+from hyla.attention.config import AttentionConfig
 
-if TYPE_CHECKING:
-    from hyla.attention.module import Attention
+
+class Attention(Protocol):
+    """What the view reads of a ``hyla.Attention`` (named here so that this module need not import it)."""
+
+    config: AttentionConfig
+    num_heads: int
+    head_dim_v: int
+    kv_dim: int
+    out_dim: int
+    v_proj: nn.Linear
+    out_proj: nn.Linear
+    w_mid_HxDxD: nn.Parameter | None
 
 
 @dataclass
