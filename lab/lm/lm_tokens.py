@@ -26,6 +26,7 @@ SWEEPS = {
 #: the two that part 2 compares, and their key_normalization=count twins
 GAP = ("hyla", "linear")
 TABLE_TOKENS = (1.2e6, 2.5e6, 4.9e6, 9.8e6)
+ROW_ORDER = ("softmax", "linear", "hyla", "linear_count", "hyla_count")
 
 
 @dataclass
@@ -62,7 +63,7 @@ def read_curves(sweep: str, runs: Path = RUNS) -> list[Curve]:
                 cfg["model"].get("key_normalization", "none"),
             )
         )
-    return curves
+    return sorted(curves, key=lambda c: ROW_ORDER.index(c.row) if c.row in ROW_ORDER else len(ROW_ORDER))
 
 
 def at_tokens(curve: Curve, tokens: float) -> float | None:
@@ -149,7 +150,8 @@ def plot(all_curves: dict[str, list[Curve]], out: Path) -> None:
         bottom.axhline(0, color="gray", lw=0.8)
         bottom.set_xlabel("training tokens (millions)")
         bottom.set_ylabel("perplexity gap")
-        bottom.legend(fontsize=8)
+        if bottom.get_lines()[:-1]:
+            bottom.legend(fontsize=8)
         finite = [v for c in curves for v in c.val_ppl if math.isfinite(v)]
         if finite:
             top.set_ylim(min(finite) * 0.9, min(max(finite), 200))
