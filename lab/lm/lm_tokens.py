@@ -154,7 +154,7 @@ def plot(all_curves: dict[str, list[Curve]], out: Path) -> None:
             bottom.legend(fontsize=8)
         finite = [v for c in curves for v in c.val_ppl if math.isfinite(v)]
         if finite:
-            top.set_ylim(min(finite) * 0.9, min(max(finite), 200))
+            top.set_ylim(min(finite) * 0.9, min(max(finite), 20 * min(finite)) * 1.1)  # the first evaluations off
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
