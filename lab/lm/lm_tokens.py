@@ -117,9 +117,10 @@ def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE
             g = gap(curves, suffix)
             if g is None:
                 continue
-            points = [
-                f"{v:+.2f} at {tokens_text(t)}" for t, v in zip(*g) if any(abs(t - x) < 0.05 * x for x in columns)
-            ]
+            by_tokens = dict(zip(*g))
+            nearest = [min(by_tokens, key=lambda t, x=x: abs(t - x)) for x in columns if by_tokens]
+            shown = [t for x, t in zip(columns, nearest) if abs(t - x) < 0.05 * x]
+            points = [f"{by_tokens[t]:+.2f} at {tokens_text(t)}" for t in shown]
             if points:
                 gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix}: " + ", ".join(points))
     return "\n".join([*lines, "", *gaps])
