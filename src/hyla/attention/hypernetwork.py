@@ -13,7 +13,7 @@ from hyla.attention import functional as fn
 from hyla.attention.config import AttentionConfig
 
 
-class Attention(Protocol):
+class AttentionWeights(Protocol):
     """What the view reads of a ``hyla.Attention`` (named here so that this module need not import it)."""
 
     config: AttentionConfig
@@ -55,7 +55,7 @@ class GeneratedValueNetwork:
 
 
 def generated_value_network(
-    attention: Attention, a: Tensor, key_counts: Tensor | float | None = None
+    attention: AttentionWeights, a: Tensor, key_counts: Tensor | float | None = None
 ) -> GeneratedValueNetwork:
     """The value network ``W[q,k]`` that the latent code ``a_BxHxQxK`` generates from ``attention``'s weights.
 
