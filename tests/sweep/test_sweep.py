@@ -720,3 +720,59 @@ def test_a_resumed_piece_names_the_settings_it_changed_and_config_yaml_stays(
     assert "config_changes" not in first and second["config_changes"] == {"train.eval_every": 2}
     assert (run / "config.yaml").read_bytes() == created
     assert read_run(run).config["train"]["eval_every"] == 2 and run_state(run) == "done"
+
+
+def test_stop_at_step_stops_each_run_there_on_its_own_schedule_and_a_later_sweep_finishes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_sweep(
+        tmp_path,
+        rows={"softmax": {"model.attention": "softmax"}, "hyla": {"model.attention": "hyla"}},
+        grid={},
+        seeds=[0],
+    )
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(["sweep", str(path), "--root", str(whole)]) == 0
+    capsys.readouterr()
+
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "0 runs finished now, 2 left (stopped at step 4 at most (--stop-at-step);" in out
+    for name in ("softmax-seed0", "hyla-seed0"):
+        assert run_state(parts / "tiny" / name) == "stopped"
+        made = read_jsonl(parts / "tiny" / name / "made_by.jsonl")
+        assert [(m["from_step"], m["to_step"]) for m in made] == [(0, 4)]
+        # the schedule is the 8-step one: the first 4 steps' records are the uninterrupted run's
+        cut = [r for r in read_jsonl(whole / "tiny" / name / "metrics.jsonl") if r["step"] <= 4]
+        assert read_jsonl(parts / "tiny" / name / "metrics.jsonl") == cut
+
+    # at the step already: nothing trains, nothing is rewritten, and no command is emitted
+    before = {p: p.stat().st_mtime_ns for p in (parts / "tiny").glob("*/metrics.jsonl")}
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "3"]) == 0
+    assert "0 of 2 runs are done, 2 at step 3 or past it (--stop-at-step)" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "4", "--emit-commands"]) == 0
+    assert capsys.readouterr().out.strip() == ""
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "6", "--emit-commands"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 2 and all(c.endswith("--resume --stop-at-step 6") for c in commands)
+
+    # without it the runs finish, with the records of the uninterrupted sweep
+    assert main(["sweep", str(path), "--root", str(parts)]) == 0
+    assert "2 runs finished now, 0 left" in capsys.readouterr().out
+    assert records(parts / "tiny") == records(whole / "tiny")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--stop-at-step", "0"], ["--stop-at-step", "4", "--launcher", "slurm"]],
+    ids=["not positive", "not local"],
+)
+def test_a_bad_stop_at_step_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    path = write_sweep(tmp_path, rows={"softmax": {"model.attention": "softmax"}}, grid={}, seeds=[0])
+    assert main(["sweep", str(path), "--root", str(tmp_path / "r"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hyla sweep: error: --stop-at-step ")
+    assert not (tmp_path / "r").exists()

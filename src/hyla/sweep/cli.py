@@ -1,5 +1,5 @@
 """The ``hyla sweep`` command line: which runs (``--only``, ``--where``, ``--override``), how (``--jobs``,
-``--max-minutes``, ``--launcher``, ``--retry-failed``), or only what it would do (``--dry-run``,
+``--max-minutes``, ``--stop-at-step``, ``--launcher``, ``--retry-failed``), or only what it would do (``--dry-run``,
 ``--emit-commands``); exit codes as ``hyla train``'s: 2 bad input (or the sweep folder in use by another
 ``hyla sweep``), 3 runs failed with a non-finite loss (the others trained on), 128 + signal when stopped by one."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.sweep.estimate import dry_run
-from hyla.sweep.groups import Group, RunsFailed, failed_runs, plan_sweep, states_and_pending
+from hyla.sweep.groups import Group, RunsFailed, at_or_past, failed_runs, plan_sweep, states_and_pending
 from hyla.sweep.launch import submit
 from hyla.sweep.workers import train_groups
 from hyla.train.config import parse_override_value
@@ -68,6 +68,10 @@ def selected_runs(args: argparse.Namespace) -> tuple[Sweep, list[RunSpec]]:
         raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        raise ValueError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
+    if args.stop_at_step is not None and args.launcher != "local":
+        raise ValueError(f"--stop-at-step runs with --launcher local only, got --launcher {args.launcher}")
     if args.device.startswith("cuda"):
         import torch
 
@@ -126,10 +130,12 @@ def _plan(args: argparse.Namespace, sweep: Sweep, specs: list[RunSpec], root: Pa
         states, pending = states_and_pending(specs, root)
         failed = failed_runs(specs, states, root)
         skipped = {} if args.retry_failed else failed
-        pending = [s for s in pending if s.name not in skipped]
+        # a run already at --stop-at-step has nothing to train now; it stays stopped, not done
+        reached = [] if args.stop_at_step is None else at_or_past(pending, states, root, args.stop_at_step)
+        pending = [s for s in pending if s.name not in skipped and s.name not in reached]
         if args.emit_commands:
             for s in pending:
-                print(s.command(root / s.name, args.device, resume=states[s.name] == "stopped"))
+                print(s.command(root / s.name, args.device, states[s.name] == "stopped", args.stop_at_step))
             return 0
         if args.max_stack < 1:
             raise ValueError(f"--max-stack must be >= 1 (1: each run alone), got {args.max_stack}")
@@ -141,6 +147,12 @@ def _plan(args: argparse.Namespace, sweep: Sweep, specs: list[RunSpec], root: Pa
         print(f"hyla sweep: error: {err}", file=sys.stderr)
         return 2
     if not pending:
+        if reached and not skipped:
+            print(
+                f"{sweep.name}: {len(specs) - len(reached)} of {len(specs)} runs are done, {len(reached)} at step "
+                f"{args.stop_at_step} or past it (--stop-at-step) ({root})"
+            )
+            return 0
         if not skipped:
             print(f"{sweep.name}: all {len(specs)} runs are done ({root})")
             return 0
@@ -175,7 +187,13 @@ def _train(
     failed_now: dict[str, str] = {}
     try:
         finished = train_groups(
-            groups, root, device=args.device, deadline=deadline, quiet=not args.progress, jobs=args.jobs
+            groups,
+            root,
+            device=args.device,
+            deadline=deadline,
+            quiet=not args.progress,
+            jobs=args.jobs,
+            stop_at_step=args.stop_at_step,
         )
     except RunsFailed as err:  # the other groups trained on; the failed runs are named below
         finished, failed_now = err.finished, err.failed
@@ -190,10 +208,15 @@ def _train(
         return 2
     left = len(pending) - len(finished) - len(failed_now)
     out_of_time = deadline is not None and time.monotonic() >= deadline
+    at_step = f"stopped at step {args.stop_at_step} at most (--stop-at-step); " if args.stop_at_step else ""
     print(
         f"{sweep.name}: {len(finished)} runs finished now, {left} left"
         + (f", {len(failed_now)} failed" if failed_now else "")
-        + (f" ({'time budget reached; ' if out_of_time else ''}run the same command to continue)" if left else "")
+        + (
+            f" ({'time budget reached; ' if out_of_time else ''}{at_step}run the same command to continue)"
+            if left
+            else ""
+        )
     )
     failed = {**skipped, **failed_now}
     if failed:
@@ -216,6 +239,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="only runs at these grid values or seeds, e.g. --where train.lr=0.001 --where seed=2 (repeatable)",
     )
     p.add_argument("--max-minutes", type=float, metavar="M", help="stop with checkpoints before M minutes pass")
+    p.add_argument(
+        "--stop-at-step",
+        type=int,
+        metavar="N",
+        help="train each run to step N at most and stop there with a checkpoint, its schedule unchanged (a run "
+        "at N or past it trains nothing); without it a later sweep continues them",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument(
         "--max-stack",

@@ -86,6 +86,12 @@ class RunsFailed(RuntimeError):
         return (RunsFailed, (self.failed, self.finished, self.bf16))
 
 
+def at_or_past(specs: list[RunSpec], states: dict[str, str], root: Path, step: int) -> list[str]:
+    """The stopped runs among ``specs`` whose checkpoint is at ``step`` or past it (``--stop-at-step``: nothing
+    to train for them)."""
+    return [s.name for s in specs if states[s.name] == "stopped" and (checkpoint_step(root / s.name) or 0) >= step]
+
+
 def plan_sweep(
     specs: list[RunSpec],
     configs: dict[str, ExperimentConfig],
@@ -225,10 +231,12 @@ def train_group(
     deadline: float | None = None,
     quiet: bool = True,
     stop_requested: Callable[[], bool] | None = None,
+    stop_at_step: int | None = None,
 ) -> list[str]:
-    """Train one group until done, ``deadline`` (``time.monotonic()``) or ``stop_requested()`` (asked after
-    every step; the group then stops with a checkpoint), its run directories locked; record the piece in each
-    run's ``made_by.jsonl`` as it starts and complete that line as it ends (``to_step``: its last checkpoint);
+    """Train one group until done, ``stop_at_step``, ``deadline`` (``time.monotonic()``) or ``stop_requested()``
+    (asked after every step; the group then stops with a checkpoint), its run directories locked; record the
+    piece in each run's ``made_by.jsonl`` as it starts and complete that line as it ends (``to_step``: its last
+    checkpoint);
     return the names finished. Runs whose loss became NaN/inf are recorded as failed and raise
     ``RunsFailed``."""
     if deadline is not None and time.monotonic() >= deadline:
@@ -236,7 +244,7 @@ def train_group(
     with contextlib.ExitStack() as locks:
         for name in group.names:
             locks.enter_context(FolderLock(root / name, "hyla sweep", "the run directory"))
-        return _train_locked_group(group, root, device, deadline, quiet, stop_requested)
+        return _train_locked_group(group, root, device, deadline, quiet, stop_requested, stop_at_step)
 
 
 def _train_locked_group(
@@ -246,6 +254,7 @@ def _train_locked_group(
     deadline: float | None,
     quiet: bool,
     stop_requested: Callable[[], bool] | None,
+    stop_at_step: int | None,
 ) -> list[str]:
     from hyla.train.loop import NonFiniteLossError, Trainer
 
@@ -256,7 +265,14 @@ def _train_locked_group(
             drop_unsaved_metrics(out)
     t0 = time.monotonic()
     trainer = Trainer(
-        cfgs, outs, engine=engine_for(cfgs), device=device, resume=group.resume, quiet=quiet, progress=not quiet
+        cfgs,
+        outs,
+        engine=engine_for(cfgs),
+        device=device,
+        resume=group.resume,
+        stop_at_step=stop_at_step,
+        quiet=quiet,
+        progress=not quiet,
     )
     started = {
         **made,

@@ -33,18 +33,21 @@ def train_groups(
     deadline: float | None = None,
     quiet: bool = True,
     jobs: int = 1,
+    stop_at_step: int | None = None,
 ) -> list[str]:
-    """Train ``groups`` in order, ``jobs`` at a time; returns the names of the runs finished now, or raises
-    ``RunsFailed`` (naming those too) after the last group if some failed."""
+    """Train ``groups`` in order, ``jobs`` at a time, each run to ``stop_at_step`` if given; returns the names
+    of the runs finished now, or raises ``RunsFailed`` (naming those too) after the last group if some failed."""
     if jobs > 1 and len(groups) > 1:
-        return _train_in_workers(groups, root, device=device, deadline=deadline, jobs=jobs)
+        return _train_in_workers(groups, root, device=device, deadline=deadline, jobs=jobs, stop_at_step=stop_at_step)
     finished: list[str] = []
     failed: list[RunsFailed] = []
     for group in groups:
         if deadline is not None and time.monotonic() >= deadline:
             break
         try:
-            finished += train_group(group, root, device=device, deadline=deadline, quiet=quiet)
+            finished += train_group(
+                group, root, device=device, deadline=deadline, quiet=quiet, stop_at_step=stop_at_step
+            )
         except RunsFailed as err:
             failed.append(_say_failed(err))
     return _finished_or_failed(finished, failed)
@@ -126,7 +129,9 @@ def _stop_requested() -> bool:
     return (_STOP is not None and _STOP.is_set()) or _orphaned()
 
 
-def _train_group_logged(group: Group, root: Path, device: str, deadline: float | None) -> list[str]:
+def _train_group_logged(
+    group: Group, root: Path, device: str, deadline: float | None, stop_at_step: int | None
+) -> list[str]:
     """A worker's task: ``train_group``, its progress lines into the first run's ``train.log``;
     nothing once the sweep is stopping, and the worker's end once the sweep is gone."""
     global _BUSY
@@ -139,14 +144,22 @@ def _train_group_logged(group: Group, root: Path, device: str, deadline: float |
         first.mkdir(parents=True, exist_ok=True)
         with open(first / "train.log", "a") as log, contextlib.redirect_stdout(log):
             return train_group(
-                group, root, device=device, deadline=deadline, quiet=True, stop_requested=_stop_requested
+                group,
+                root,
+                device=device,
+                deadline=deadline,
+                quiet=True,
+                stop_requested=_stop_requested,
+                stop_at_step=stop_at_step,
             )
     finally:  # the group saved and recorded its piece; the log is closed
         _BUSY = False
         _exit_orphaned()
 
 
-def _train_in_workers(groups: list[Group], root: Path, *, device: str, deadline: float | None, jobs: int) -> list[str]:
+def _train_in_workers(
+    groups: list[Group], root: Path, *, device: str, deadline: float | None, jobs: int, stop_at_step: int | None
+) -> list[str]:
     """The groups over ``jobs`` worker processes (spawned: no state shared with this one but a stop event).
     The first error, a SIGTERM or Ctrl-C sets the event: running groups stop with checkpoints after their
     current step, queued ones do not start; then the error (or ``Interrupted``) is raised here. Failed
@@ -170,7 +183,7 @@ def _train_in_workers(groups: list[Group], root: Path, *, device: str, deadline:
     failed: list[RunsFailed] = []
     error: BaseException | None = None
     try:
-        futures = [pool.submit(_train_group_logged, group, root, device, deadline) for group in groups]
+        futures = [pool.submit(_train_group_logged, group, root, device, deadline, stop_at_step) for group in groups]
         print(f"{len(groups)} groups over {jobs} workers ({threads} threads each); logs: <run>/train.log", flush=True)
         for future in as_completed(futures):  # each as it ends, so "finished" lines come as runs finish
             if future.cancelled():

@@ -87,10 +87,11 @@ class RunSpec:
     point: tuple[tuple[str, Any], ...]
     seed: int | None
 
-    def command(self, out: Path, device: str = "cpu", resume: bool = False) -> str:
+    def command(self, out: Path, device: str = "cpu", resume: bool = False, stop_at_step: int | None = None) -> str:
         parts = ["hyla", "train", self.config, *self.overrides, "--out", str(out), "--quiet"]
         parts += ["--device", device] if device != "cpu" else []
         parts += ["--resume"] if resume else []
+        parts += ["--stop-at-step", str(stop_at_step)] if stop_at_step is not None else []
         return " ".join(parts)
 
 
