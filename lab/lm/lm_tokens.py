@@ -4,13 +4,18 @@
     python lab/lm/lm_tokens.py --best lm_lr_count linear   # the rate at which that row ended lowest
 
 A run's tokens at an evaluation are its step x batch size x sequence length. A run still training shows the
-evaluations it has reached (marked "in progress"); a sweep without records is left out.
+evaluations it has reached (marked "in progress"); a sweep without records is left out. The first table and the
+plot's solid lines are seed 0; where other seeds have records (seeds 1-2 train to half the steps, on the same
+schedule), a second table gives each row's mean and standard deviation over the seeds at each token count they
+all reached, and the HYLA - linear gap seed by seed; the plot draws those seeds faintly.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +44,18 @@ class Curve:
     finished: bool
     lr: float
     key_normalization: str
+    seed: int = 0
 
 
-def read_curves(sweep: str, runs: Path = RUNS) -> list[Curve]:
+def seeds_of(sweep: str, runs: Path = RUNS) -> list[int]:
+    """The seeds with records in ``sweep``'s folder, in order."""
+    found = {int(m.group(1)) for p in (runs / sweep).glob("*-seed*") if (m := re.search(r"-seed(\d+)$", p.name))}
+    return sorted(found)
+
+
+def read_curves(sweep: str, runs: Path = RUNS, seed: int = 0) -> list[Curve]:
     curves = []
-    for run_dir in sorted((runs / sweep).glob("*-seed0")):
+    for run_dir in sorted((runs / sweep).glob(f"*-seed{seed}")):
         if not has_record(run_dir):
             continue
         record = read_run(run_dir)
@@ -61,6 +73,7 @@ def read_curves(sweep: str, runs: Path = RUNS) -> list[Curve]:
                 run_state(run_dir) == "done",
                 cfg["train"]["lr"],
                 cfg["model"].get("key_normalization", "none"),
+                seed,
             )
         )
     return sorted(curves, key=lambda c: ROW_ORDER.index(c.row) if c.row in ROW_ORDER else len(ROW_ORDER))
@@ -126,7 +139,46 @@ def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE
     return "\n".join([*lines, "", *gaps])
 
 
-def plot(all_curves: dict[str, list[Curve]], out: Path) -> None:
+def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float, ...] = TABLE_TOKENS) -> str:
+    """Each row's mean +- standard deviation over its seeds at the columns every seed reached, and the HYLA -
+    linear gap seed by seed there; only sweeps and rows with more than one seed. Empty when there are none."""
+    lines, gaps = [], []
+    for sweep, curves_by_seed in by_seed.items():
+        if len(curves_by_seed) < 2:
+            continue
+        rows = [c.row for c in curves_by_seed[min(curves_by_seed)]]
+        for row in rows:
+            row_curves = [c for cs in curves_by_seed.values() for c in cs if c.row == row]
+            if len(row_curves) < 2:
+                continue
+            cells = []
+            for t in columns:
+                values = [at_tokens(c, t) for c in row_curves]
+                if any(v is None for v in values):
+                    cells.append("")
+                    continue
+                mean, sd = statistics.fmean(values), statistics.stdev(values)
+                cells.append(f"{mean:.2f} +- {sd:.2f}")
+            seeds = ", ".join(str(c.seed) for c in row_curves)
+            lines.append(f"| {sweep} | {row} | {row_curves[0].lr:g} | {seeds} | " + " | ".join(cells) + " |")
+        for suffix in ("", "_count"):
+            per_seed = {seed: g for seed, cs in curves_by_seed.items() if (g := gap(cs, suffix)) is not None}
+            if len(per_seed) < 2:
+                continue
+            for t in columns:
+                at = {seed: dict(zip(*g)) for seed, g in per_seed.items()}
+                near = {seed: min(d, key=lambda x: abs(x - t)) for seed, d in at.items() if d}
+                if len(near) < 2 or any(abs(x - t) > 0.05 * t for x in near.values()):
+                    continue
+                points = ", ".join(f"{at[seed][x]:+.2f} (seed {seed})" for seed, x in near.items())
+                gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix} at {tokens_text(t)}: {points}")
+    if not lines:
+        return ""
+    head = "| preset | row | lr | seeds | " + " | ".join(tokens_text(t) for t in columns) + " |"
+    return "\n".join([head, "|" + "---|" * (4 + len(columns)), *lines, "", *gaps])
+
+
+def plot(all_curves: dict[str, list[Curve]], out: Path, others: dict[str, list[Curve]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,9 +187,13 @@ def plot(all_curves: dict[str, list[Curve]], out: Path) -> None:
     fig, axes = plt.subplots(2, len(all_curves), figsize=(5.5 * len(all_curves), 7), squeeze=False)
     for col, (sweep, curves) in enumerate(all_curves.items()):
         top, bottom = axes[0, col], axes[1, col]
+        colors = {}
         for c in curves:
             style = "--" if c.key_normalization == "count" else "-"
-            top.plot([t / 1e6 for t in c.tokens], c.val_ppl, style, label=f"{c.row} (lr {c.lr:g})")
+            (line,) = top.plot([t / 1e6 for t in c.tokens], c.val_ppl, style, label=f"{c.row} (lr {c.lr:g})")
+            colors[c.row] = line.get_color()
+        for c in (others or {}).get(sweep, []):  # the other seeds, faint, in their row's colour
+            top.plot([t / 1e6 for t in c.tokens], c.val_ppl, color=colors.get(c.row), alpha=0.35, lw=0.8)
         top.set_yscale("log")
         top.set_title(SWEEPS[sweep], fontsize=10)
         top.set_ylabel("validation perplexity")
@@ -173,6 +229,11 @@ def main() -> None:
         print(best_rate(*args.best, runs=args.runs))
         return
     all_curves = {sweep: curves for sweep in SWEEPS if (curves := read_curves(sweep, args.runs))}
+    by_seed = {
+        sweep: {seed: read_curves(sweep, args.runs, seed) for seed in seeds_of(sweep, args.runs)}
+        for sweep in all_curves
+    }
+    others = {sweep: [c for seed, cs in seeds.items() if seed != 0 for c in cs] for sweep, seeds in by_seed.items()}
     if not all_curves:
         raise SystemExit(f"no records of {', '.join(SWEEPS)} under {args.runs}")
     header = (
@@ -183,8 +244,15 @@ def main() -> None:
         "Validation perplexity of seed 0 at the evaluation nearest each token count.\n\n"
     )
     columns = tuple(float(t) for t in args.tokens.split(","))
-    args.out.with_suffix(".md").write_text(header + table(all_curves, columns) + "\n")
-    plot(all_curves, args.out.with_suffix(".png"))
+    text = header + table(all_curves, columns) + "\n"
+    if seeds := seeds_table(by_seed, columns):
+        text += (
+            "\n## Over seeds\n\nMean +- standard deviation over the seeds listed, at the evaluation nearest each token"
+            " count that every one of them reached (seeds 1-2 train to half the steps), and the HYLA - linear gap seed"
+            " by seed.\n\n" + seeds + "\n"
+        )
+    args.out.with_suffix(".md").write_text(text)
+    plot(all_curves, args.out.with_suffix(".png"), others)
     print(f"wrote {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -44,14 +45,16 @@ def test_the_table_and_the_best_rate_come_from_the_records(tmp_path: Path) -> No
     }
     runs = tmp_path / "runs"
 
-    def sweep(name: str, grid: dict[str, list[float]]) -> dict[str, list[float]]:
-        """Train the sweep ``name`` (rows hyla and linear) and return each run's validation perplexities."""
+    def sweep(name: str, grid: dict[str, list[float]], *options: str, seed: int = 0) -> dict[str, list[float]]:
+        """Train the sweep ``name`` (rows hyla and linear) at ``seed`` and return each run's validation
+        perplexities."""
         rows = {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}}
-        spec = {"name": name, "config": "lm_tiny", "overrides": tiny, "rows": rows, "grid": grid, "seeds": [0]}
+        spec = {"name": name, "config": "lm_tiny", "overrides": tiny, "rows": rows, "grid": grid, "seeds": [0, 1]}
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
-        assert main(["sweep", str(tmp_path / f"{name}.yaml"), "--root", str(runs)]) == 0
+        where = ["--where", f"seed={seed}"]
+        assert main(["sweep", str(tmp_path / f"{name}.yaml"), "--root", str(runs), *where, *options]) == 0
         finals = {}
-        for run in (runs / name).glob("*-seed0"):
+        for run in (runs / name).glob(f"*-seed{seed}"):
             rows_ = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             finals[run.name] = [r["ppl"] for r in rows_ if r["split"] == "val"]
         return finals
@@ -74,3 +77,20 @@ def test_the_table_and_the_best_rate_come_from_the_records(tmp_path: Path) -> No
     assert f"| lm_tokens_tiny | linear | none | 0.002 | {linear[0]:.2f} | {linear[1]:.2f} | finished |" in table
     gap = f"HYLA - linear: {hyla[0] - linear[0]:+.2f} at 128, {hyla[1] - linear[1]:+.2f} at 256"
     assert gap in table
+
+    assert "Over seeds" not in table  # one seed so far
+
+    # seed 1 to half the steps: the second table has each row over both seeds where both reached, and the gap
+    # seed by seed
+    seed1 = sweep("lm_tokens_tiny", {}, "--stop-at-step", "2", seed=1)
+    assert all(len(v) == 1 for v in seed1.values())
+    script("--out", str(tmp_path / "out"), "--tokens", "128,256")
+    table = (tmp_path / "out.md").read_text()
+    assert f"| lm_tokens_tiny | hyla | none | 0.002 | {hyla[0]:.2f} | {hyla[1]:.2f} | finished |" in table
+    h1, l1 = seed1["hyla-seed1"], seed1["linear-seed1"]
+    for row, (seed0, one) in {"hyla": (hyla, h1), "linear": (linear, l1)}.items():
+        mean, sd = statistics.fmean([seed0[0], one[0]]), statistics.stdev([seed0[0], one[0]])
+        assert f"| lm_tokens_tiny | {row} | 0.002 | 0, 1 | {mean:.2f} +- {sd:.2f} |  |" in table
+    per_seed = f"{hyla[0] - linear[0]:+.2f} (seed 0), {h1[0] - l1[0]:+.2f} (seed 1)"
+    assert f"- lm_tokens_tiny, HYLA - linear at 128: {per_seed}" in table
+    assert "HYLA - linear at 256" not in table  # seed 1 did not reach it
