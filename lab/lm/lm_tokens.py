@@ -106,6 +106,17 @@ def gap(curves: list[Curve], suffix: str) -> tuple[list[float], list[float]] | N
     return shared, [h[t] - lin[t] for t in shared]
 
 
+def gap_summary(tokens: list[float], gaps: list[float]) -> str:
+    """Over every shared evaluation: at how many HYLA is ahead (a negative gap), and the widest gap either way."""
+    ahead = [t for t, g in zip(tokens, gaps) if g < 0]
+    widest = max(range(len(gaps)), key=lambda i: abs(gaps[i]))
+    where = f", first at {tokens_text(ahead[0])}" if ahead else ""
+    return (
+        f"over all {len(gaps)} shared evaluations HYLA{'' if ahead else ' is'} ahead at {len(ahead)}{where}, the"
+        f" widest gap {gaps[widest]:+.2f} at {tokens_text(tokens[widest])}"
+    )
+
+
 def tokens_text(tokens: float) -> str:
     return f"{tokens / 1e6:.1f}M" if tokens >= 1e5 else f"{tokens:,.0f}"
 
@@ -135,7 +146,7 @@ def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE
             shown = [t for x, t in zip(columns, nearest) if abs(t - x) < 0.05 * x]
             points = [f"{by_tokens[t]:+.2f} at {tokens_text(t)}" for t in shown]
             if points:
-                gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix}: " + ", ".join(points))
+                gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix}: " + ", ".join(points) + "; " + gap_summary(*g))
     return "\n".join([*lines, "", *gaps])
 
 

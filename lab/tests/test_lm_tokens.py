@@ -77,6 +77,10 @@ def test_the_table_and_the_best_rate_come_from_the_records(tmp_path: Path) -> No
     assert f"| lm_tokens_tiny | linear | none | 0.002 | {linear[0]:.2f} | {linear[1]:.2f} | finished |" in table
     gap = f"HYLA - linear: {hyla[0] - linear[0]:+.2f} at 128, {hyla[1] - linear[1]:+.2f} at 256"
     assert gap in table
+    ahead = sum(h < lin for h, lin in zip(hyla, linear))
+    widest = max((h - lin for h, lin in zip(hyla, linear)), key=abs)
+    assert f"over all 2 shared evaluations HYLA{'' if ahead else ' is'} ahead at {ahead}" in table
+    assert f"the widest gap {widest:+.2f} at" in table
 
     assert "Over seeds" not in table  # one seed so far
 
