@@ -737,7 +737,7 @@ def test_stop_at_step_stops_each_run_there_on_its_own_schedule_and_a_later_sweep
 
     assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "4"]) == 0
     out = capsys.readouterr().out
-    assert "0 runs finished now, 2 left (stopped at step 4 at most (--stop-at-step);" in out
+    assert "0 runs finished now, 2 left (stopped at step 4 (--stop-at-step); a sweep without it continues them)" in out
     for name in ("softmax-seed0", "hyla-seed0"):
         assert run_state(parts / "tiny" / name) == "stopped"
         made = read_jsonl(parts / "tiny" / name / "made_by.jsonl")

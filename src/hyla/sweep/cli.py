@@ -208,15 +208,16 @@ def _train(
         return 2
     left = len(pending) - len(finished) - len(failed_now)
     out_of_time = deadline is not None and time.monotonic() >= deadline
-    at_step = f"stopped at step {args.stop_at_step} at most (--stop-at-step); " if args.stop_at_step else ""
+    if out_of_time:
+        why = "time budget reached; run the same command to continue"
+    elif args.stop_at_step:
+        why = f"stopped at step {args.stop_at_step} (--stop-at-step); a sweep without it continues them"
+    else:
+        why = "run the same command to continue"
     print(
         f"{sweep.name}: {len(finished)} runs finished now, {left} left"
         + (f", {len(failed_now)} failed" if failed_now else "")
-        + (
-            f" ({'time budget reached; ' if out_of_time else ''}{at_step}run the same command to continue)"
-            if left
-            else ""
-        )
+        + (f" ({why})" if left else "")
     )
     failed = {**skipped, **failed_now}
     if failed:
