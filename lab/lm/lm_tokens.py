@@ -6,7 +6,7 @@
 A run's tokens at an evaluation are its step x batch size x sequence length. A run still training shows the
 evaluations it has reached (marked "in progress"); a sweep without records is left out. The first table and the
 plot's solid lines are seed 0; where other seeds have records (seeds 1-2 train to half the steps, on the same
-schedule), a second table gives each row's mean and standard deviation over the seeds at each token count they
+schedule), a second table gives each row's mean and standard error over the seeds at each token count they
 all reached, and the HYLA - linear gap seed by seed; the plot draws those seeds faintly.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from hyla.analysis.stats import format_mean_se, mean_se
 from hyla.train.run.folder import has_record, read_run, run_state
 
 LAB = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE
 
 
 def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float, ...] = TABLE_TOKENS) -> str:
-    """Each row's mean +- standard deviation over its seeds at the columns every seed reached, and the HYLA -
+    """Each row's mean +- s.e. over its seeds at the columns every seed reached, and the HYLA -
     linear gap seed by seed there; only sweeps and rows with more than one seed. Empty when there are none."""
     lines, gaps = [], []
     for sweep, curves_by_seed in by_seed.items():
@@ -168,8 +168,7 @@ def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float
                 if any(v is None for v in values):
                     cells.append("")
                     continue
-                mean, sd = statistics.fmean(values), statistics.stdev(values)
-                cells.append(f"{mean:.2f} +- {sd:.2f}")
+                cells.append(format_mean_se(*mean_se(values)))
             seeds = ", ".join(str(c.seed) for c in row_curves)
             lines.append(f"| {sweep} | {row} | {row_curves[0].lr:g} | {seeds} | " + " | ".join(cells) + " |")
         for suffix in ("", "_count"):
@@ -258,9 +257,9 @@ def main() -> None:
     text = header + table(all_curves, columns) + "\n"
     if seeds := seeds_table(by_seed, columns):
         text += (
-            "\n## Over seeds\n\nMean +- standard deviation over the seeds listed, at the evaluation nearest each token"
-            " count that every one of them reached (seeds 1-2 train to half the steps), and the HYLA - linear gap seed"
-            " by seed.\n\n" + seeds + "\n"
+            "\n## Over seeds\n\nMean +- s.e. (standard error of the mean) over the seeds listed, at the evaluation"
+            " nearest each token count that every one of them reached (seeds 1-2 train to half the steps), and the"
+            " HYLA - linear gap seed by seed.\n\n" + seeds + "\n"
         )
     args.out.with_suffix(".md").write_text(text)
     plot(all_curves, args.out.with_suffix(".png"), others)

@@ -94,7 +94,7 @@ def test_the_table_and_the_best_rate_come_from_the_records(tmp_path: Path) -> No
     h1, l1 = seed1["hyla-seed1"], seed1["linear-seed1"]
     for row, (seed0, one) in {"hyla": (hyla, h1), "linear": (linear, l1)}.items():
         mean, sd = statistics.fmean([seed0[0], one[0]]), statistics.stdev([seed0[0], one[0]])
-        assert f"| lm_tokens_tiny | {row} | 0.002 | 0, 1 | {mean:.2f} +- {sd:.2f} |  |" in table
+        assert f"| lm_tokens_tiny | {row} | 0.002 | 0, 1 | {mean:.2f} +- {sd / 2**0.5:.2f} |  |" in table
     per_seed = f"{hyla[0] - linear[0]:+.2f} (seed 0), {h1[0] - l1[0]:+.2f} (seed 1)"
     assert f"- lm_tokens_tiny, HYLA - linear at 128: {per_seed}" in table
     assert "HYLA - linear at 256" not in table  # seed 1 did not reach it
