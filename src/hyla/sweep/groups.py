@@ -236,8 +236,7 @@ def train_group(
     """Train one group until done, ``stop_at_step``, ``deadline`` (``time.monotonic()``) or ``stop_requested()``
     (asked after every step; the group then stops with a checkpoint), its run directories locked; record the
     piece in each run's ``made_by.jsonl`` as it starts and complete that line as it ends (``to_step``: its last
-    checkpoint);
-    return the names finished. Runs whose loss became NaN/inf are recorded as failed and raise
+    checkpoint); return the names finished. Runs whose loss became NaN/inf are recorded as failed and raise
     ``RunsFailed``."""
     if deadline is not None and time.monotonic() >= deadline:
         return []
