@@ -6,8 +6,8 @@
 A run's tokens at an evaluation are its step x batch size x sequence length. A run still training shows the
 evaluations it has reached (marked "in progress"); a sweep without records is left out. The first table and the
 plot's solid lines are seed 0; where other seeds have records (seeds 1-2 train to half the steps, on the same
-schedule), a second table gives each row's mean and standard error over the seeds at each token count they
-all reached, and the HYLA - linear gap seed by seed; the plot draws those seeds faintly.
+schedule), a second table gives each row's mean and standard error over the seeds that reached each token
+count, and the HYLA - linear gap seed by seed; the plot draws those seeds faintly.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def table(all_curves: dict[str, list[Curve]], columns: tuple[float, ...] = TABLE
 
 
 def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float, ...] = TABLE_TOKENS) -> str:
-    """Each row's mean +- s.e. over its seeds at the columns every seed reached, and the HYLA -
+    """Each row's mean +- s.e. over its seeds that reached each column (n where not all), and the HYLA -
     linear gap seed by seed there; only sweeps and rows with more than one seed. Empty when there are none."""
     lines, gaps = [], []
     for sweep, curves_by_seed in by_seed.items():
@@ -164,11 +164,12 @@ def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float
                 continue
             cells = []
             for t in columns:
-                values = [at_tokens(c, t) for c in row_curves]
-                if any(v is None for v in values):
+                values = [v for c in row_curves if (v := at_tokens(c, t)) is not None]
+                if len(values) < 2:
                     cells.append("")
                     continue
-                cells.append(format_mean_se(*mean_se(values)))
+                fewer = f" (n = {len(values)})" if len(values) < len(row_curves) else ""
+                cells.append(format_mean_se(*mean_se(values)) + fewer)
             seeds = ", ".join(str(c.seed) for c in row_curves)
             lines.append(f"| {sweep} | {row} | {row_curves[0].lr:g} | {seeds} | " + " | ".join(cells) + " |")
         for suffix in ("", "_count"):
@@ -182,6 +183,8 @@ def seeds_table(by_seed: dict[str, dict[int, list[Curve]]], columns: tuple[float
                     continue
                 points = ", ".join(f"{at[seed][x]:+.2f} (seed {seed})" for seed, x in near.items())
                 gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix} at {tokens_text(t)}: {points}")
+            for seed, g in per_seed.items():
+                gaps.append(f"- {sweep}, HYLA{suffix} - linear{suffix}, seed {seed}: " + gap_summary(*g))
     if not lines:
         return ""
     head = "| preset | row | lr | seeds | " + " | ".join(tokens_text(t) for t in columns) + " |"
@@ -257,8 +260,8 @@ def main() -> None:
     text = header + table(all_curves, columns) + "\n"
     if seeds := seeds_table(by_seed, columns):
         text += (
-            "\n## Over seeds\n\nMean +- s.e. (standard error of the mean) over the seeds listed, at the evaluation"
-            " nearest each token count that every one of them reached (seeds 1-2 train to half the steps), and the"
+            "\n## Over seeds\n\nMean +- s.e. (standard error of the mean) at the evaluation nearest each token count,"
+            " over the seeds listed that reached it (n where not all; seeds 1-2 train to half the steps), and the"
             " HYLA - linear gap seed by seed.\n\n" + seeds + "\n"
         )
     args.out.with_suffix(".md").write_text(text)
