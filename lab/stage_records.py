@@ -82,12 +82,9 @@ def plan(run: Path) -> Staging:
         line.split("\t")[1]: line.split()[2]
         for line in git("ls-tree", "-r", "HEAD", "--", str(run.relative_to(REPO))).splitlines()
     }
-    added = 0
-    for path in keep:
-        rel = str(path.relative_to(REPO))
-        blob = git("hash-object", "--", rel).strip()
-        if head.get(rel) != blob:
-            added += path.stat().st_size
+    rels = [str(path.relative_to(REPO)) for path in keep]
+    blobs = git("hash-object", "--", *rels).split()  # one git call for all of them
+    added = sum(path.stat().st_size for path, rel, blob in zip(keep, rels, blobs) if head.get(rel) != blob)
     return Staging(run, state, keep, drop, added)
 
 

@@ -241,11 +241,11 @@ def main() -> None:
     if args.best:
         print(best_rate(*args.best, runs=args.runs))
         return
-    all_curves = {sweep: curves for sweep in SWEEPS if (curves := read_curves(sweep, args.runs))}
+    # every seed's records read once; seed 0 is the first table and the plot's solid lines
     by_seed = {
-        sweep: {seed: read_curves(sweep, args.runs, seed) for seed in seeds_of(sweep, args.runs)}
-        for sweep in all_curves
+        sweep: {seed: read_curves(sweep, args.runs, seed) for seed in seeds_of(sweep, args.runs)} for sweep in SWEEPS
     }
+    all_curves = {sweep: seeds[0] for sweep, seeds in by_seed.items() if seeds.get(0)}
     others = {sweep: [c for seed, cs in seeds.items() if seed != 0 for c in cs] for sweep, seeds in by_seed.items()}
     if not all_curves:
         raise SystemExit(f"no records of {', '.join(SWEEPS)} under {args.runs}")
