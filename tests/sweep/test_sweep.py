@@ -18,9 +18,10 @@ from hyla.analysis.paper_report import sweep_section
 from hyla.cli import main
 from hyla.sweep import cli as sweep_cli
 from hyla.sweep import launch as sweep_launch
-from hyla.sweep.estimate import wall_seconds
+from hyla.sweep.estimate import seconds_left, wall_seconds
 from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
+from hyla.train.config import load_config
 from hyla.train.run.folder import read_run, run_state
 from hyla.train.sweeps import check_slurm, load_sweep
 from tiny import HANG_GUARD_S, TINY_SWEEP_OVERRIDES, torch_threads, write_sweep
@@ -418,6 +419,15 @@ def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "with --jobs 2: about" in out and f"({worker_threads(2)} threads each;" in out
 
 
+def test_seconds_left_counts_the_steps_and_evaluations_up_to_the_stop() -> None:
+    cfg = load_config("fuzzy_logic", ["train.steps=8", "train.eval_every=2"])
+    assert seconds_left(cfg, 1.0, 10.0) == 8 + 10 * 4
+    assert seconds_left(cfg, 1.0, 10.0, to_step=4) == 4 + 10 * 2
+    assert seconds_left(cfg, 1.0, 10.0, from_step=2, to_step=5) == 3 + 10 * 2
+    assert seconds_left(cfg, 1.0, 10.0, to_step=100) == seconds_left(cfg, 1.0, 10.0)
+    assert seconds_left(cfg, 1.0, 10.0, from_step=4, to_step=4) == 0.0
+
+
 def test_wall_seconds_starts_each_group_on_the_first_free_worker() -> None:
     assert wall_seconds([3.0, 1.0, 1.0, 1.0], jobs=2) == 3.0
     assert wall_seconds([1.0, 1.0, 1.0], jobs=2) == 2.0
@@ -753,6 +763,14 @@ def test_stop_at_step_stops_each_run_there_on_its_own_schedule_and_a_later_sweep
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "4", "--emit-commands"]) == 0
     assert capsys.readouterr().out.strip() == ""
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: 2 runs, 0 done, 0 to train, 2 at --stop-at-step 4 or past it (cpu)" in out
+    assert "estimated: 0.0 min for the 0 runs left" in out
+    assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "6", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: 2 runs, 0 done, 2 to train (cpu)" in out and "hyla-seed0: stopped at step 4, about" in out
+    assert " min to step 6" in out
     assert main(["sweep", str(path), "--root", str(parts), "--stop-at-step", "6", "--emit-commands"]) == 0
     commands = capsys.readouterr().out.strip().splitlines()
     assert len(commands) == 2 and all(c.endswith("--resume --stop-at-step 6") for c in commands)

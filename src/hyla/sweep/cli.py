@@ -141,7 +141,18 @@ def _plan(args: argparse.Namespace, sweep: Sweep, specs: list[RunSpec], root: Pa
             raise ValueError(f"--max-stack must be >= 1 (1: each run alone), got {args.max_stack}")
         groups = plan_sweep(pending, sweep.configs, states, root, max_stack=args.max_stack)
         if args.dry_run:
-            dry_run(sweep.name, specs, sweep.configs, states, groups, root, args.device, args.jobs, args.max_stack)
+            dry_run(
+                sweep.name,
+                specs,
+                sweep.configs,
+                states,
+                groups,
+                root,
+                args.device,
+                args.jobs,
+                args.max_stack,
+                args.stop_at_step,
+            )
             return 0
     except (ValueError, CheckpointError) as err:
         print(f"hyla sweep: error: {err}", file=sys.stderr)

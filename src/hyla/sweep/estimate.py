@@ -23,10 +23,12 @@ def estimate_seconds(
     cache: dict[str, tuple[float, float]],
     from_step: int = 0,
     threads: int | None = None,
+    to_step: int | None = None,
 ) -> float:
-    """Seconds left for the run of ``cfg``: measured seconds per step (a few steps after warm-up) and
-    per evaluation, times the steps and evaluations it has left. One measurement per architecture (cached),
-    with ``threads`` intra-op threads (what a ``--jobs`` worker gets) or torch's current number."""
+    """Seconds left for the run of ``cfg`` up to ``to_step`` (``--stop-at-step``) or its schedule's end:
+    measured seconds per step (a few steps after warm-up) and per evaluation, times the steps and evaluations
+    it has left. One measurement per architecture (cached), with ``threads`` intra-op threads (what a
+    ``--jobs`` worker gets) or torch's current number."""
     import torch
 
     from hyla.train.loop import Trainer
@@ -56,15 +58,21 @@ def estimate_seconds(
                 trainer.close()
         cache[arch] = (per_step, eval_s)
     per_step, eval_s = cache[arch]
-    return seconds_left(cfg, per_step, eval_s, from_step)
+    return seconds_left(cfg, per_step, eval_s, from_step, to_step)
 
 
-def seconds_left(cfg: ExperimentConfig, per_step: float, eval_s: float, from_step: int = 0) -> float:
-    """Seconds the run of ``cfg`` has left from ``from_step`` at ``per_step`` seconds a step and ``eval_s``
-    an evaluation (the dry run's measurement here, the GPU queue's measured rates there)."""
+def seconds_left(
+    cfg: ExperimentConfig, per_step: float, eval_s: float, from_step: int = 0, to_step: int | None = None
+) -> float:
+    """Seconds the run of ``cfg`` has left from ``from_step`` to ``to_step`` (at most its schedule's end; None:
+    the end) at ``per_step`` seconds a step and ``eval_s`` an evaluation (the dry run's measurement here, the
+    GPU queue's measured rates there)."""
     t = cfg.train
-    evals = math.ceil(t.steps / t.eval_every) - from_step // t.eval_every
-    return per_step * (t.steps - from_step) + eval_s * max(evals, 0)
+    end = t.steps if to_step is None else min(to_step, t.steps)
+    if end <= from_step:
+        return 0.0
+    evals = math.ceil(end / t.eval_every) - from_step // t.eval_every
+    return per_step * (end - from_step) + eval_s * max(evals, 0)
 
 
 def wall_seconds(costs: list[float], jobs: int) -> float:
@@ -87,27 +95,39 @@ def dry_run(
     device: str,
     jobs: int,
     max_stack: int | None = None,
+    stop_at_step: int | None = None,
 ) -> None:
-    """Print each run's state and estimated minutes left, then the total and, with ``jobs`` > 1, the wall
-    time of ``--jobs`` over ``groups`` (each probe measured with a worker's threads, alone on the machine)."""
+    """Print each run's state and estimated minutes left (to ``stop_at_step`` where given), then the total and,
+    with ``jobs`` > 1, the wall time of ``--jobs`` over ``groups`` (each probe measured with a worker's
+    threads, alone on the machine)."""
     threads = worker_threads(jobs) if jobs > 1 and device == "cpu" else None
     cache: dict[str, tuple[float, float]] = {}
     seconds: dict[str, float] = {}
     pending = [s for s in specs if states[s.name] != "done"]
+    steps = {s.name: last_step(root / s.name) if states[s.name] == "stopped" else 0 for s in pending}
+    reached = {n for n, step in steps.items() if stop_at_step is not None and step >= stop_at_step}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    print(f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to train ({device})")
+    print(
+        f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending) - len(reached)} to train"
+        + (f", {len(reached)} at --stop-at-step {stop_at_step} or past it" if reached else "")
+        + f" ({device})"
+    )
     for s in specs:
         if states[s.name] == "done":
             print(f"  {s.name}: done")
             continue
-        step = last_step(root / s.name) if states[s.name] == "stopped" else 0
-        seconds[s.name] = estimate_seconds(configs[s.name], device, cache, step, threads)
-        print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds[s.name] / 60:.1f} min")
+        step = steps[s.name]
+        if s.name in reached:
+            print(f"  {s.name}: {states[s.name]} at step {step}, at or past --stop-at-step {stop_at_step}")
+            continue
+        seconds[s.name] = estimate_seconds(configs[s.name], device, cache, step, threads, stop_at_step)
+        until = "" if stop_at_step is None else f" to step {min(stop_at_step, configs[s.name].train.steps)}"
+        print(f"  {s.name}: {states[s.name]} at step {step}, about {seconds[s.name] / 60:.1f} min{until}")
     if groups:
         print(f"plan: {describe_plan([list(g.cfgs) for g in groups], max_stack)}")
     total = sum(seconds.values())
-    print(f"estimated: {total / 60:.1f} min for the {len(pending)} runs left (one after another)")
-    if jobs > 1 and pending:
+    print(f"estimated: {total / 60:.1f} min for the {len(seconds)} runs left (one after another)")
+    if jobs > 1 and seconds:
         # a stack costs about its runs one after another on a CPU (measured)
         costs = [sum(seconds[n] for n in group.names) for group in groups]
         print(
