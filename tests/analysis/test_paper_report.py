@@ -217,3 +217,47 @@ def test_a_row_says_among_how_many_points_it_was_chosen_and_which_seeds_trained_
     assert (rows["linear"].points_run, rows["linear"].points_planned) == (1, 2)
     chosen_lr = dict(rows["hyla"].point)["train.lr"]
     assert rows["hyla"].partly_gpu == (1 if chosen_lr == 0.001 else 0) and rows["linear"].partly_gpu == 0
+
+
+def test_a_sweep_across_keys_chooses_once_per_setting_and_draws_the_figure_with_the_paper_at_its_setting(
+    tmp_path: Path,
+) -> None:
+    """Fig. 2C's shape: rows shown across the held-out fraction (never chosen among its values), the learning
+    rate chosen at each; the paper's Table A1 value only at Table A1's setting (held-out 0.7, N = 32)."""
+    from hyla.analysis.selection import sweep_results
+
+    sweep_file = tmp_path / "fig_tiny.yaml"
+    spec = {
+        "name": "fig_tiny",
+        "config": "fuzzy_logic",
+        "rows": {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}},
+        "grid": {"data.holdout": [0.3, 0.7], "train.lr": [0.001, 0.003]},
+        "across": ["data.holdout"],
+        "seeds": [0, 1],
+    }
+    sweep_file.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(str(sweep_file))
+    records = tmp_path / "sweeps" / "fig_tiny"
+    for s in sweep.runs(["hyla"]):
+        point = dict(s.point)
+        # in-distribution prefers lr 3e-3 at held-out 0.3 and 1e-3 at 0.7; OOD is higher at the other point
+        better = (point["train.lr"] == 0.003) == (point["data.holdout"] == 0.3)
+        ood = (0.5 if better else 0.9) - 0.2 * point["data.holdout"] + 0.01 * s.seed
+        fake_record(records, s, test=0.95 if better else 0.90, ood=ood)
+    rows = [
+        (r.row, dict(r.across), dict(r.point).get("train.lr"), r.ood, r.paper)
+        for r in sweep_results(sweep, records.parent).rows
+    ]
+    assert rows[0][:3] == ("hyla", {"data.holdout": 0.3}, 0.003) and rows[0][4] is None
+    assert rows[1][:3] == ("hyla", {"data.holdout": 0.7}, 0.001) and rows[1][4] == (81.13, 7.77)
+    assert rows[0][3][0] == pytest.approx(44.5) and rows[1][3][0] == pytest.approx(36.5)
+    assert [r[0] for r in rows] == ["hyla", "hyla", "linear"] and rows[2][3] is None
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**spec, "across": ["train.steps"]}))
+    with pytest.raises(ValueError, match="across must list keys of the sweep's grid"):
+        load_sweep(str(bad))
+
+    text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], latents=0)
+    figure = tmp_path / "out" / "paper" / "fig_tiny_holdout.png"
+    assert figure.read_bytes()[:4] == b"\x89PNG" and "(paper/fig_tiny_holdout.png)" in text

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
-from hyla.analysis.plots import learning_curves
+from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.selection import RowResult, SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se
 from hyla.train.run.checkpoint import checkpoint_step
@@ -161,6 +161,36 @@ def point_cells(sweep: Sweep) -> Callable[[str, tuple], list[str]]:
     return cells
 
 
+def across_figures(found: SweepResults, figures: Path) -> list[str]:
+    """For a sweep with ``across`` keys: one figure per setting of the others, the OOD metric (mean +- s.e.) of
+    each row against the first key, the paper's Table A1 value where a point is its setting; the markdown
+    lines that show them."""
+    sweep = found.sweep
+    if not sweep.across:
+        return []
+    x_key, rest = sweep.across[0], sweep.across[1:]
+    title = paper_column(found.task).title
+    panels: dict[tuple, tuple[dict, dict]] = {}
+    for r in found.rows:
+        if r.ood is None:
+            continue
+        setting = dict(r.across)
+        series, paper = panels.setdefault(tuple((k, setting[k]) for k in rest), ({}, {}))
+        xs, means, ses = series.setdefault(r.row, ([], [], []))
+        xs.append(setting[x_key])
+        means.append(r.ood[0])
+        ses.append(r.ood[1])
+        if r.paper is not None:
+            paper[r.row] = (setting[x_key], *r.paper)
+    lines = []
+    for panel, (series, paper) in sorted(panels.items()):
+        at = "".join(f", {k.split('.')[-1]} {v}" for k, v in panel)
+        name = f"{sweep.name}_{x_key.split('.')[-1]}" + "".join(f"_{k.split('.')[-1]}{v}" for k, v in panel)
+        sweep_plot(series, x_key, title, figures / f"{name}.png", f"{sweep.name}{at}", paper)
+        lines += [f"![{sweep.name}: {title} against {x_key}{at}]({figures.name}/{name}.png)", ""]
+    return lines
+
+
 def chosen_table(found: SweepResults) -> list[str]:
     """A sweep's main table: per row the chosen grid point, ours beside the paper (``paper.md``, and the
     docs' results page, which is ``paper.md``; ``make test`` checks it against the records)."""
@@ -233,6 +263,7 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
             groups=[label for label, _ in chosen_runs],
         )
         lines += [f"![{sweep.name}: OOD over training]({figure.parent.name}/{figure.name})", ""]
+    lines += across_figures(found, figures)
     lines += ["Every grid point (final evaluation, mean +- s.e. over the finished seeds, in %):", ""]
     lines += [*all_points, ""]
     lines += matched_updates(found, cells, metric)

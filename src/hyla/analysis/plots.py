@@ -131,15 +131,38 @@ def rule_heatmaps(
     return out, len(axes)
 
 
-def sweep_plot(series: dict[str, tuple[list, list, list]], xlabel: str, ylabel: str, out: Path) -> Path:
-    """``series[name] = (x, mean, s.e.)``: one line with error bars per attention variant."""
+def sweep_plot(
+    series: dict[str, tuple[list, list, list]],
+    xlabel: str,
+    ylabel: str,
+    out: Path,
+    title: str = "",
+    paper: dict[str, tuple[float, float, float]] | None = None,
+) -> Path:
+    """``series[name] = (x, mean, s.e.)``: one line with error bars per attention variant; ``paper[name] =
+    (x, mean, s.e.)``: the paper's value there, a hollow marker in the variant's colour."""
     fig, ax = plt.subplots(figsize=(5, 3.6))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys([*series, *(paper or {})]))}
     for name, (x, mean, se) in series.items():
-        ax.errorbar(x, mean, yerr=se, marker="o", capsize=3, label=name)
+        ax.errorbar(x, mean, yerr=se, marker="o", capsize=3, label=name, color=colours[name])
+    for name, (x, mean, se) in (paper or {}).items():
+        ax.errorbar(
+            [x],
+            [mean],
+            yerr=[se],
+            marker="s",
+            markerfacecolor="none",
+            capsize=3,
+            linestyle="none",
+            color=colours[name],
+            label=f"{name} (paper)",
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
     return save_figure(fig, out)
 
 

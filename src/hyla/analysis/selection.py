@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE
+from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE, paper_reference
 from hyla.analysis.stats import mean_se
 from hyla.tasks import PaperColumn, task_entry
 from hyla.train.run.folder import RunRecord, has_record, read_pieces, read_run, run_state
@@ -64,6 +64,8 @@ class RowResult:
     #: finished runs at the chosen point that trained some of their steps on a GPU (TF32, compiled, another data
     #: stream from the switch on): the row's numbers are then not all-CPU ones
     partly_gpu: int = 0
+    #: the point's values of the sweep's ``across`` keys (the row is chosen once per such setting); ``()`` without
+    across: tuple = ()
 
 
 @dataclass
@@ -81,6 +83,16 @@ class SweepResults:
     by_point: dict[tuple[str, tuple], list[RunSpec]]
 
 
+def _paper_at(sweep: Sweep, row: str, task: str, specs: list[RunSpec]) -> tuple[float, float] | None:
+    """The paper's Table A1 value beside a row's result: a Table A1 sweep's row; in a sweep shown ``across``
+    keys (a figure's), where the point's config is Table A1's setting (``paper_reference``)."""
+    if sweep.name.startswith("table_a1"):
+        return paper_value(row, task)
+    if sweep.across and specs:
+        return paper_reference(sweep.configs[specs[0].name].to_dict())
+    return None
+
+
 def trained_on_gpu(run_dir: Path) -> bool:
     """Whether any piece of the run's ``made_by.jsonl`` trained on a GPU."""
     return any(not str(piece.get("device", "cpu")).startswith("cpu") for piece in read_pieces(run_dir))
@@ -88,7 +100,8 @@ def trained_on_gpu(run_dir: Path) -> bool:
 
 def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
     """Read a sweep's records under ``root`` and choose each row's grid point by its in-distribution
-    validation metric (among the points with the most finished seeds), never by OOD."""
+    validation metric (among the points with the most finished seeds), never by OOD; in a sweep with
+    ``across`` keys, once per setting of those (a row result each)."""
     runs = sweep.runs()
     task = sweep.configs[runs[0].name].data.task
     metric = paper_column(task).metric
@@ -105,17 +118,18 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
 
     rows, points = [], []
     for row in sweep.rows:
-        candidates = []
+        # the validation metric chooses among a row's points once per setting of the sweep's `across` keys
+        settings: dict[tuple, list] = {}
         for (r, point), specs in by_point.items():
             if r != row:
                 continue
             _, test = stats(specs, "test")
             ood_values, ood = stats(specs, "ood")
             points.append((row, point, len(ood_values), len(specs), test, ood))
+            candidates = settings.setdefault(tuple((k, v) for k, v in point if k in sweep.across), [])
             if test is not None and ood is not None:
                 candidates.append((test[0], point, specs, ood, len(ood_values)))
-        paper = paper_value(row, task) if sweep.name.startswith("table_a1") else None
-        if not candidates:
+        if not any(settings.values()):
             started = [loaded[s.name] for s in runs if s.row == row and s.name in loaded and loaded[s.name].metrics]
             status = "not run yet"
             if started:
@@ -123,26 +137,30 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                 last_ood = furthest.final("ood")
                 ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
                 status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
-            rows.append(RowResult(row, 0, (), None, None, paper, status))
+            rows.append(RowResult(row, 0, (), None, None, _paper_at(sweep, row, task, []), status))
             continue
-        # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
-        _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
-        _, test = stats(specs, "test")
-        chosen = [loaded[s.name] for s in specs if s.name in loaded]
-        planned = sum(r == row for r, _ in by_point)
-        on_gpu = sum(trained_on_gpu(records / s.name) for s in specs if s.name in done)
-        rows.append(
-            RowResult(
-                row,
-                n,
-                point,
-                test,
-                ood,
-                paper,
-                runs=chosen,
-                points_run=len(candidates),
-                points_planned=planned,
-                partly_gpu=on_gpu,
+        for setting, candidates in settings.items():
+            if not candidates:
+                continue
+            # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
+            _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
+            _, test = stats(specs, "test")
+            chosen = [loaded[s.name] for s in specs if s.name in loaded]
+            planned = sum(r == row and all(v == dict(p)[k] for k, v in setting) for r, p in by_point)
+            on_gpu = sum(trained_on_gpu(records / s.name) for s in specs if s.name in done)
+            rows.append(
+                RowResult(
+                    row,
+                    n,
+                    point,
+                    test,
+                    ood,
+                    _paper_at(sweep, row, task, specs),
+                    runs=chosen,
+                    points_run=len(candidates),
+                    points_planned=planned,
+                    partly_gpu=on_gpu,
+                    across=setting,
+                )
             )
-        )
     return SweepResults(sweep, task, rows, points, loaded, done, by_point)

@@ -11,6 +11,7 @@ A sweep file names a base config, rows (each a set of overrides, e.g. one attent
     grid: {train.lr: [0.001, 0.003], train.weight_decay: [0.1, 0.03]}
     seeds: [0, 1, 2]
     first: [softmax]          # rows whose runs go first (default: file order)
+    across: []                # grid keys a report shows each row across (a figure's x-axis), never chooses among
     overrides: {}             # applied to every run
     slurm: {partition: gpu, account: lab, qos: normal, time: 240, cpus: 8, mem_gb: 32, gpus: 1}
                               # what `hyla sweep --launcher slurm` asks of the cluster (SLURM_KEYS)
@@ -104,6 +105,9 @@ class Sweep:
     #: ``[None]``: one run per point at its config's seed, not named (``hyla train --sweep`` without seeds)
     seeds: list[int | None] = field(default_factory=lambda: [0])
     first: list[str] = field(default_factory=list)
+    #: grid keys along which ``hyla report --paper`` shows each row (Fig. 2C's held-out fraction and length): the
+    #: validation metric chooses a row's point among the other keys' values only, once per value of these
+    across: list[str] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
@@ -234,7 +238,7 @@ def load_sweep(name_or_path: str, base: str | None = None) -> Sweep:
     rows names no row (not ``default``) and one without ``seeds`` leaves each run its config's seed, unnamed."""
     path = packaged_yaml(name_or_path, SWEEP_DIR, "sweep")
     spec = read_yaml(path) or {}
-    allowed = {"name", "config", "rows", "runs", "grid", "seeds", "first", "overrides", "slurm"}
+    allowed = {"name", "config", "rows", "runs", "grid", "seeds", "first", "across", "overrides", "slurm"}
     if not isinstance(spec, dict) or not set(spec) <= allowed:
         extra = sorted(set(spec) - allowed) if isinstance(spec, dict) else ["(not a mapping)"]
         raise ValueError(f"{path}: unknown sweep field {extra[0]}; allowed fields: {', '.join(sorted(allowed))}")
@@ -271,6 +275,9 @@ def load_sweep(name_or_path: str, base: str | None = None) -> Sweep:
     first = spec.get("first") or []
     if not isinstance(first, list) or any(r not in rows for r in first):
         raise ValueError(f"{path}: first must list row names among: {', '.join(rows)}")
+    across = spec.get("across") or []
+    if not isinstance(across, list) or any(k not in grid for k in across):
+        raise ValueError(f"{path}: across must list keys of the sweep's grid, among: {', '.join(grid) or '(none)'}")
     without_config = [r for r, overrides in rows.items() if "config" not in overrides]
     if not spec.get("config") and without_config:
         raise ValueError(
@@ -290,6 +297,7 @@ def load_sweep(name_or_path: str, base: str | None = None) -> Sweep:
         grid=grid,
         seeds=seeds if "seeds" in spec or base is None else [None],
         first=first,
+        across=across,
         overrides=spec.get("overrides") or {},
         slurm=check_slurm(spec.get("slurm") or {}, f"{path}: slurm"),
         path=path,
