@@ -247,7 +247,12 @@ def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT
     for row, point, n, planned, test, ood in found.points:
         values = " | ".join(cells(row, point))
         all_points.append(f"| {row} | {values} | {n}/{planned} | {_fmt(test)} | {_fmt(ood)} |")
-    chosen_runs = [(r.row, run) for r in found.rows if r.ood is not None for run in r.runs]
+    chosen_runs = [
+        (r.row + "".join(f" {k.split('.')[-1]} {v}" for k, v in r.across), run)
+        for r in found.rows
+        if r.ood is not None
+        for run in r.runs
+    ]
     in_progress = [run for name, run in loaded.items() if name not in done]
     for run in in_progress:
         chosen_runs.append((run.label.split("-")[0] + " (in progress)", run))
