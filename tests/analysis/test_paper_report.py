@@ -259,5 +259,9 @@ def test_a_sweep_across_keys_chooses_once_per_setting_and_draws_the_figure_with_
         load_sweep(str(bad))
 
     text = paper_report(tmp_path / "out", tmp_path / "sweeps", [str(sweep_file)], latents=0)
+    assert "| hyla | 2 | 0.3, 0.003 | 95.00 +- 0.00 | 44.50 +- 0.50 | - | - | 2 of 2 points |" in text
+    assert (
+        "| hyla | 2 | 0.7, 0.001 | 95.00 +- 0.00 | 36.50 +- 0.50 | 81.13 +- 7.77 | no (-44.6) | 2 of 2 points |" in text
+    )
     figure = tmp_path / "out" / "paper" / "fig_tiny_holdout.png"
     assert figure.read_bytes()[:4] == b"\x89PNG" and "(paper/fig_tiny_holdout.png)" in text

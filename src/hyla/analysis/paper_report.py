@@ -195,7 +195,9 @@ def chosen_table(found: SweepResults) -> list[str]:
     """A sweep's main table: per row the chosen grid point, ours beside the paper (``paper.md``, and the
     docs' results page, which is ``paper.md``; ``make test`` checks it against the records)."""
     cells, what = point_cells(found.sweep), paper_column(found.task).title
-    head = "| row | seeds done | chosen " + ", ".join(k.split(".")[-1] for k in found.sweep.axis_keys())
+    keys = found.sweep.axis_keys()
+    chosen = "at" if set(keys) <= set(found.sweep.across) else "chosen"  # nothing to choose: a figure's points
+    head = f"| row | seeds done | {chosen} " + ", ".join(k.split(".")[-1] for k in keys)
     table = [
         head + f" | test (ID) | ours: {what} | paper | agree within 2 s.e. (diff) | chosen among |",
         "|" + "---|" * 8,
