@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
+from hyla.analysis.paper_numbers import paper_reference
 from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.selection import RowResult, SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se
@@ -162,9 +163,9 @@ def point_cells(sweep: Sweep) -> Callable[[str, tuple], list[str]]:
 
 
 def across_figures(found: SweepResults, figures: Path) -> list[str]:
-    """For a sweep with ``across`` keys: one figure per setting of the others, the OOD metric (mean +- s.e.) of
-    each row against the first key, the paper's Table A1 value where a point is its setting; the markdown
-    lines that show them."""
+    """For a sweep with ``across`` keys: one figure per setting of the others that has a finished point, the OOD
+    metric (mean +- s.e.) of each row against the first key, and the paper's Table A1 value at each planned
+    point that is its setting (run or not); the markdown lines that show them."""
     sweep = found.sweep
     if not sweep.across:
         return []
@@ -180,8 +181,11 @@ def across_figures(found: SweepResults, figures: Path) -> list[str]:
         xs.append(setting[x_key])
         means.append(r.ood[0])
         ses.append(r.ood[1])
-        if r.paper is not None:
-            paper[r.row] = (setting[x_key], *r.paper)
+    for (row, point), specs in found.by_point.items():  # the paper's value, also where ours is not run yet
+        setting = dict(point)
+        panel = tuple((k, setting[k]) for k in rest)
+        if panel in panels and (value := paper_reference(sweep.configs[specs[0].name].to_dict())) is not None:
+            panels[panel][1][row] = (setting[x_key], *value)
     lines = []
     for panel, (series, paper) in sorted(panels.items()):
         at = "".join(f", {k.split('.')[-1]} {v}" for k, v in panel)
