@@ -120,13 +120,16 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
     for row in sweep.rows:
         # the validation metric chooses among a row's points once per setting of the sweep's `across` keys
         settings: dict[tuple, list] = {}
+        planned: dict[tuple, int] = {}  # the row's points per setting
         for (r, point), specs in by_point.items():
             if r != row:
                 continue
             _, test = stats(specs, "test")
             ood_values, ood = stats(specs, "ood")
             points.append((row, point, len(ood_values), len(specs), test, ood))
-            candidates = settings.setdefault(tuple((k, v) for k, v in point if k in sweep.across), [])
+            setting = tuple((k, v) for k, v in point if k in sweep.across)
+            planned[setting] = planned.get(setting, 0) + 1
+            candidates = settings.setdefault(setting, [])
             if test is not None and ood is not None:
                 candidates.append((test[0], point, specs, ood, len(ood_values)))
         if not any(settings.values()):
@@ -146,7 +149,6 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
             _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
             _, test = stats(specs, "test")
             chosen = [loaded[s.name] for s in specs if s.name in loaded]
-            planned = sum(r == row and all(v == dict(p)[k] for k, v in setting) for r, p in by_point)
             on_gpu = sum(trained_on_gpu(records / s.name) for s in specs if s.name in done)
             rows.append(
                 RowResult(
@@ -158,7 +160,7 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                     _paper_at(sweep, row, task, specs),
                     runs=chosen,
                     points_run=len(candidates),
-                    points_planned=planned,
+                    points_planned=planned[setting],
                     partly_gpu=on_gpu,
                     across=setting,
                 )

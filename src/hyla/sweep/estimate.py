@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hyla.sweep.groups import Group
+from hyla.sweep.groups import Group, at_or_past
 from hyla.sweep.workers import worker_threads
 from hyla.train.config import ExperimentConfig
 from hyla.train.run.folder import last_step
@@ -104,8 +104,7 @@ def dry_run(
     cache: dict[str, tuple[float, float]] = {}
     seconds: dict[str, float] = {}
     pending = [s for s in specs if states[s.name] != "done"]
-    steps = {s.name: last_step(root / s.name) if states[s.name] == "stopped" else 0 for s in pending}
-    reached = {n for n, step in steps.items() if stop_at_step is not None and step >= stop_at_step}
+    reached = set() if stop_at_step is None else set(at_or_past(pending, states, root, stop_at_step))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     print(
         f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending) - len(reached)} to train"
@@ -116,7 +115,7 @@ def dry_run(
         if states[s.name] == "done":
             print(f"  {s.name}: done")
             continue
-        step = steps[s.name]
+        step = last_step(root / s.name) if states[s.name] == "stopped" else 0
         if s.name in reached:
             print(f"  {s.name}: {states[s.name]} at step {step}, at or past --stop-at-step {stop_at_step}")
             continue
