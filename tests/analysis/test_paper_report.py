@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hyla.analysis.paper_report import agreement, paper_report
-from hyla.analysis.selection import paper_value
+from hyla.analysis.selection import sweep_results
 from hyla.analysis.stats import first_reaching
 from hyla.cli import main
 from hyla.train.sweeps import load_sweep
@@ -56,9 +56,24 @@ def test_a_grid_point_with_fewer_finished_seeds_does_not_win_on_one_seed(tmp_pat
     assert "| hyla | 0.003 | 1/3 | 99.00 | 50.00 |" in text
 
 
-def test_agreement_and_paper_values() -> None:
-    assert paper_value("hyla", "fuzzy_logic") == (81.13, 7.77) and paper_value("hyla_moe", "sraven") == (66.94, 3.94)
-    assert paper_value("hyla_silu", "fuzzy_logic") is None
+def test_the_paper_value_is_read_at_each_point_from_its_config_not_from_the_sweep_name(tmp_path: Path) -> None:
+    fuzzy = {r.row: r.paper for r in sweep_results(load_sweep("table_a1_fuzzy"), tmp_path).rows}
+    assert fuzzy["hyla"] == (81.13, 7.77) and fuzzy["softmax_moe"] == (63.83, 6.07)
+    assert {r.row: r.paper for r in sweep_results(load_sweep("table_a1_sraven"), tmp_path).rows}["hyla_moe"] == (
+        66.94,
+        3.94,
+    )
+    figure = sweep_results(load_sweep("fig2c_fuzzy"), tmp_path)
+    assert {(dict(p)["data.holdout"], dict(p)["data.num_examples"]) for _, p in figure.paper} == {(0.7, 32)}
+    assert figure.paper[("hyla", (("data.holdout", 0.7), ("data.num_examples", 32)))] == (81.13, 7.77)
+    assert all(r.paper is None for r in figure.rows)  # not run: its points do not share one paper value
+    mine = tmp_path / "mine.yaml"  # any name; off Table A1's setting (held-out 0.5) the paper has no number
+    rows = {"hyla": {"model.attention": "hyla"}, "odd": {"model.attention": "hyla", "data.holdout": 0.5}}
+    mine.write_text(yaml.safe_dump({"name": "mine", "config": "fuzzy_logic", "rows": rows, "seeds": [0]}))
+    assert [r.paper for r in sweep_results(load_sweep(str(mine)), tmp_path).rows] == [(81.13, 7.77), None]
+
+
+def test_agreement() -> None:
     assert agreement((60.0, 1.0), (63.28, 2.31), 3).startswith("yes")
     assert agreement((50.0, 1.0), (63.28, 2.31), 3) == "no (-13.3)"
     assert agreement((50.0, float("nan")), (63.28, 2.31), 1) == "n/a (1 seed)"

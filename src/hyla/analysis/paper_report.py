@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hyla.analysis.latent_summary import figure_lines, latent_section
-from hyla.analysis.paper_numbers import paper_reference
 from hyla.analysis.plots import learning_curves, sweep_plot
 from hyla.analysis.selection import RowResult, SweepResults, paper_column, sweep_results
 from hyla.analysis.stats import first_reaching, format_mean_se
@@ -181,10 +180,10 @@ def across_figures(found: SweepResults, figures: Path) -> list[str]:
         xs.append(setting[x_key])
         means.append(r.ood[0])
         ses.append(r.ood[1])
-    for (row, point), specs in found.by_point.items():  # the paper's value, also where ours is not run yet
+    for (row, point), value in found.paper.items():  # the paper's value, also where ours is not run yet
         setting = dict(point)
         panel = tuple((k, setting[k]) for k in rest)
-        if panel in panels and (value := paper_reference(sweep.configs[specs[0].name].to_dict())) is not None:
+        if panel in panels:
             panels[panel][1][row] = (setting[x_key], *value)
     lines = []
     for panel, (series, paper) in sorted(panels.items()):

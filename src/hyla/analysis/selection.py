@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hyla.analysis.paper_numbers import TABLE_A1, TABLE_A1_MOE, paper_reference
+from hyla.analysis.paper_numbers import paper_reference
 from hyla.analysis.stats import mean_se
 from hyla.tasks import PaperColumn, task_entry
 from hyla.train.run.folder import RunRecord, has_record, read_pieces, read_run, run_state
@@ -20,18 +20,6 @@ def paper_column(task: str) -> PaperColumn:
     """The task's Table A1 column; a task outside the paper gets one of its primary metric on ``ood``."""
     entry = task_entry(task)
     return entry.paper_column or PaperColumn(-1, entry.task.primary_metric, f"OOD {entry.metric_title} (%)")
-
-
-def paper_value(row: str, task: str) -> tuple[float, float] | None:
-    """The paper's Table A1 (mean, s.e.) in % for a sweep row (``hyla``, ``softmax_moe``, ...)."""
-    column = paper_column(task).index
-    if column < 0:
-        return None
-    if row.endswith("_moe"):
-        found = TABLE_A1_MOE.get(row.removesuffix("_moe"))
-    else:
-        found = TABLE_A1.get(row)
-    return None if found is None else found[column]
 
 
 def final_value(run: RunRecord, split: str, metric: str) -> float | None:
@@ -52,7 +40,8 @@ class RowResult:
     point: tuple
     test: tuple[float, float] | None
     ood: tuple[float, float] | None
-    #: the paper's (mean, s.e.) in % (Table A1 sweeps only)
+    #: the paper's (mean, s.e.) in % where the row's config is a setting of the paper's Table A1
+    #: (``paper_reference``): at the chosen point; for a row not chosen yet, where all its points share one
     paper: tuple[float, float] | None
     #: where a row without a chosen point stands: ``not run yet`` or ``in progress (...)``
     status: str = ""
@@ -81,16 +70,8 @@ class SweepResults:
     done: set[str]
     #: every planned run, grouped by ``(row, point)``, in sweep order
     by_point: dict[tuple[str, tuple], list[RunSpec]]
-
-
-def _paper_at(sweep: Sweep, row: str, task: str, specs: list[RunSpec]) -> tuple[float, float] | None:
-    """The paper's Table A1 value beside a row's result: a Table A1 sweep's row; in a sweep shown ``across``
-    keys (a figure's), where the point's config is Table A1's setting (``paper_reference``)."""
-    if sweep.name.startswith("table_a1"):
-        return paper_value(row, task)
-    if sweep.across and specs:
-        return paper_reference(sweep.configs[specs[0].name].to_dict())
-    return None
+    #: the paper's (mean, s.e.) in % at every planned ``(row, point)`` whose config is a Table A1 setting
+    paper: dict[tuple[str, tuple], tuple[float, float]]
 
 
 def trained_on_gpu(run_dir: Path) -> bool:
@@ -111,6 +92,10 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
     by_point: dict[tuple[str, tuple], list[RunSpec]] = {}
     for spec in runs:
         by_point.setdefault((spec.row, spec.point), []).append(spec)
+    # the paper's number wherever a point is the paper's setting, decided by its config alone (one place for
+    # Table A1's sweeps and for a figure's sweep whose `across` keys pass through Table A1's setting)
+    at_points = {key: paper_reference(sweep.configs[specs[0].name].to_dict()) for key, specs in by_point.items()}
+    paper = {key: value for key, value in at_points.items() if value is not None}
 
     def stats(specs: list[RunSpec], split: str) -> tuple[list[float], tuple[float, float] | None]:
         values = [v for s in specs if s.name in done if (v := final_value(loaded[s.name], split, metric)) is not None]
@@ -140,7 +125,8 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                 last_ood = furthest.final("ood")
                 ood_now = f", ood {100 * last_ood[metric]:.1f} at step {last_ood['step']}" if last_ood else ""
                 status = f"in progress ({furthest.label}: step {furthest.metrics[-1]['step']}{ood_now})"
-            rows.append(RowResult(row, 0, (), None, None, _paper_at(sweep, row, task, []), status))
+            shared = {paper.get(key) for key in by_point if key[0] == row}
+            rows.append(RowResult(row, 0, (), None, None, shared.pop() if len(shared) == 1 else None, status))
             continue
         for setting, candidates in settings.items():
             if not candidates:
@@ -157,7 +143,7 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                     point,
                     test,
                     ood,
-                    _paper_at(sweep, row, task, specs),
+                    paper.get((row, point)),
                     runs=chosen,
                     points_run=len(candidates),
                     points_planned=planned[setting],
@@ -165,4 +151,4 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                     across=setting,
                 )
             )
-    return SweepResults(sweep, task, rows, points, loaded, done, by_point)
+    return SweepResults(sweep, task, rows, points, loaded, done, by_point, paper)
