@@ -128,6 +128,7 @@ def fingerprint() -> dict[str, object]:
     from hyla.cpu import blas_path
     from hyla.ops import clib as wrapper
     from hyla.ops.gelu import gelu_path
+    from hyla.ops.moe import moe_path
     from hyla.runtime import c_compiler_version
 
     try:
@@ -148,6 +149,7 @@ def fingerprint() -> dict[str, object]:
         "c_kernel": kernel,
         "blas": blas_path(),  # MKL's kernels chosen by CPU vendor or overridden (hyla.cpu)
         "gelu": gelu_path(),  # a tanh GELU by the C kernel or by torch (HYLA_FAST_GELU)
+        "moe": moe_path(),  # MoE experts on their routed tokens or on all (HYLA_MOE_DISPATCH)
     }
 
 

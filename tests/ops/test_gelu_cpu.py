@@ -87,6 +87,8 @@ def test_any_layout_and_shape() -> None:
 
 def test_vmap_folds_the_runs_into_one_call() -> None:
     """As a stack's vmapped forward calls it, with autograd's backward after (what the stacked engine does)."""
+    from hyla.train.engines import vmap_rules  # noqa: F401  (registers the batching rule, as stacking does)
+
     x, dy = _inputs(3 * 50, torch.float32, seed=4)
     x_Rx50, dy_Rx50 = x.view(3, 50), dy.view(3, 50)
     x_grad = x_Rx50.clone().requires_grad_()

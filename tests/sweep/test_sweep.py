@@ -650,6 +650,27 @@ def test_a_piece_that_rounds_otherwise_than_the_last_one_is_named(
     assert fast_gelu is not None and fast_gelu.endswith("set HYLA_FAST_GELU=off")
 
 
+def test_moe_pieces_name_how_their_experts_were_computed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU piece of an MoE model records ``moe`` (routed or dense); a piece recorded before that key computed
+    the experts densely, so a routed piece after it names the setting that keeps the dense form."""
+    from hyla.sweep.groups import provenance, rounding_change
+
+    assert "moe" not in provenance("cpu") and provenance("cpu", mixture_of_experts=True)["moe"] == "routed"
+    monkeypatch.setenv("HYLA_MOE_DISPATCH", "dense")
+    assert provenance("cpu", mixture_of_experts=True)["moe"] == "dense"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "made_by.jsonl").write_text(json.dumps({"commit": "old", "device": "cpu (x86_64, 1 threads)"}) + "\n")
+    change = rounding_change(run, {"moe": "routed"})
+    assert change is not None and change.endswith("set HYLA_MOE_DISPATCH=dense")
+    assert rounding_change(run, {"moe": "dense"}) is None
+    assert rounding_change(run, {}) is None  # a model without MoE layers records no such key
+    (run / "made_by.jsonl").write_text(json.dumps({"commit": "old", "device": "cuda (NVIDIA H100)"}) + "\n")
+    assert rounding_change(run, {"moe": "routed"}) is None  # a GPU piece's rounding is another matter
+    (run / "made_by.jsonl").write_text(json.dumps({"device": "cpu (x86_64, 1 threads)", "moe": "routed"}) + "\n")
+    assert rounding_change(run, {"moe": "dense"}).endswith("set HYLA_MOE_DISPATCH=auto")
+
+
 def test_a_sweep_trains_each_run_alone_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One row's four seeds could stack, but a sweep trains them one after another (a stack trained slower per
     run on a CPU and on an H100), so that each run finishes and lands on its own; ``--max-stack`` stacks."""

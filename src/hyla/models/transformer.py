@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from hyla.attention import PRESETS, Attention, HookPoint, KVCache, attention_preset
 from hyla.ops.gelu import gelu
+from hyla.ops.moe import moe_experts
 
 FEEDFORWARDS: tuple[str, ...] = ("gelu", "swiglu")
 NORMS: tuple[str, ...] = ("layer", "rms")
@@ -162,8 +163,8 @@ class MLP(nn.Module):
 class MoE(nn.Module):
     """Mixture of ``num_experts`` GELU MLPs of the MLP's size with top-k softmax routing.
 
-    Every expert is evaluated on every token (the experts are small, so dense evaluation is faster
-    than gathering) and combined with the renormalized top-k gate weights. ``aux_loss`` after a
+    Each token's top-k experts, combined with the renormalized top-k gate weights (``hyla.ops.moe``: routed on a
+    CPU, every expert on every token where shapes must stay fixed). ``aux_loss`` after a
     forward is the Switch-Transformer load-balancing term ``E * sum_e f_e * P_e`` (1 when balanced).
     """
 
@@ -183,14 +184,23 @@ class MoE(nn.Module):
 
     def forward(self, x_BxTxD: Tensor) -> Tensor:
         probs_BxTxE = self.hook_router(torch.softmax(self.router(x_BxTxD), dim=-1))
-        top_w, top_i = probs_BxTxE.topk(self.top_k, dim=-1)
-        gates_BxTxE = torch.zeros_like(probs_BxTxE).scatter(-1, top_i, top_w / top_w.sum(-1, keepdim=True))
-        h = gelu(torch.einsum("btd,edm->btem", x_BxTxD, self.w1_ExDxM) + self.b1_ExM, approximate=self.gelu_approximate)
-        y_BxTxExD = torch.einsum("btem,emd->bted", h, self.w2_ExMxD) + self.b2_ExD
-        num_experts = probs_BxTxE.shape[-1]
-        routed_frac_E = (gates_BxTxE > 0).float().mean(dim=(0, 1)) / self.top_k
+        top_w_BxTxK, top_i_BxTxK = probs_BxTxE.topk(self.top_k, dim=-1)
+        weights_BxTxK = top_w_BxTxK / top_w_BxTxK.sum(-1, keepdim=True)
+        num_experts, x_NxD = probs_BxTxE.shape[-1], x_BxTxD.reshape(-1, x_BxTxD.shape[-1])
+        routed_BxTxE = torch.zeros_like(probs_BxTxE).scatter(-1, top_i_BxTxK, 1.0)
+        routed_frac_E = routed_BxTxE.mean(dim=(0, 1)) / self.top_k
         self.aux_loss = num_experts * (routed_frac_E * probs_BxTxE.mean(dim=(0, 1))).sum()
-        return torch.einsum("bte,bted->btd", gates_BxTxE, y_BxTxExD)
+        y_NxD = moe_experts(
+            x_NxD,
+            weights_BxTxK.reshape(-1, self.top_k),
+            top_i_BxTxK.reshape(-1, self.top_k),
+            self.w1_ExDxM,
+            self.b1_ExM,
+            self.w2_ExMxD,
+            self.b2_ExD,
+            self.gelu_approximate,
+        )
+        return y_NxD.reshape(x_BxTxD.shape)
 
 
 class Block(nn.Module):

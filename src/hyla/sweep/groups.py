@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from hyla import cpu
-from hyla.ops import gelu
+from hyla.ops import gelu, moe
 from hyla.ops.clib import MARCH_ENV, source_digest, target_march
 from hyla.runtime import cpu_model, cpuinfo_field
 from hyla.train.config import RESUMABLE_CHANGES, ExperimentConfig
@@ -110,8 +110,9 @@ def plan_sweep(
     return [Group(tuple(specs[i] for i in g), tuple(cfgs[i] for i in g), resume_from[g[0]]) for g in groups]
 
 
-def provenance(device: str) -> dict[str, Any]:
-    """Commit, machine and device: what every piece of a run records in ``made_by.jsonl``."""
+def provenance(device: str, *, mixture_of_experts: bool = False) -> dict[str, Any]:
+    """Commit, machine and device: what every piece of a run records in ``made_by.jsonl`` (of a model with MoE
+    layers also how a CPU computes their experts)."""
     from hyla.bench import device_label
 
     def git(*args: str) -> str:
@@ -141,6 +142,8 @@ def provenance(device: str) -> dict[str, Any]:
         made["kernel_source"] = source_digest()  # and its version: a new kernel may sum in another order
         made["blas"] = cpu.blas_path()  # which library's kernels sum the matrix products (hyla.cpu)
         made["gelu"] = gelu.gelu_path()  # what computes a tanh GELU: the C kernel or torch
+        if mixture_of_experts:
+            made["moe"] = moe.moe_path()  # every expert on every token, or each on its routed tokens
     return made
 
 
@@ -179,12 +182,16 @@ ROUNDING_SETTINGS: dict[str, str | None] = {
     "kernel_source": None,
     "blas": cpu.SETTING_ENV,
     "gelu": gelu.SETTING_ENV,
+    "moe": moe.SETTING_ENV,
 }
 #: a recorded value -> the value of its setting that gives it again, where the two differ
 PIN_VALUES: dict[str, dict[str, str]] = {
     "blas": {"mkl": "off", "mkl+vendor_override": "on"},
     "gelu": {"torch": "off", "c_kernel": "auto"},
+    "moe": {"routed": "auto"},
 }
+#: what a CPU piece recorded before a setting had its key: the MoE experts were computed densely
+RECORDED_BEFORE_KEY: dict[str, str] = {"moe": "dense"}
 
 
 def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
@@ -192,6 +199,8 @@ def rounding_change(run_dir: Path, made: dict[str, Any]) -> str | None:
     piece: results stay valid, but the run no longer retraces bit for bit what one machine would train."""
     pieces = read_pieces(run_dir)
     last = pieces[-1] if pieces else {}
+    if str(last.get("device", "")).startswith("cpu"):
+        last = {**{k: v for k, v in RECORDED_BEFORE_KEY.items() if k in made}, **last}
     changed = [k for k in ROUNDING_SETTINGS if k in last and k in made and last[k] != made[k]]
     if not changed:
         return None
@@ -258,7 +267,8 @@ def _train_locked_group(
     from hyla.train.loop import NonFiniteLossError, Trainer
 
     cfgs, outs = list(group.cfgs), [root / name for name in group.names]
-    made = provenance(device)  # the code that trains, read before it starts (HEAD may move meanwhile)
+    # the code that trains, read before it starts (HEAD may move meanwhile)
+    made = provenance(device, mixture_of_experts=any(cfg.model.moe_experts for cfg in cfgs))
     if not group.resume:
         for out in outs:
             drop_unsaved_metrics(out)
