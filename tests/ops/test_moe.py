@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from hyla.models.transformer import MoE
-from hyla.ops.moe import moe_dense, moe_experts, moe_path, moe_routed
+from hyla.ops.moe import ExpertWeights, Routing, moe_dense, moe_experts, moe_path, moe_routed
 
 pytestmark = pytest.mark.float_sensitive
 
@@ -34,8 +34,12 @@ def _problem(dtype: torch.dtype, experts: int = 5, top_k: int = 2, seed: int = 0
     return [*leaves[:2], top_i, *leaves[2:]]
 
 
+def _call(fn: Callable[..., Tensor], x: Tensor, weights: Tensor, experts: Tensor, *params: Tensor) -> Tensor:
+    return fn(x, Routing(weights, experts), ExpertWeights(*params), approximate="tanh")
+
+
 def _forward_and_grads(fn: Callable[..., Tensor], args: list, dy: Tensor) -> list[Tensor]:
-    y = fn(*args, approximate="tanh")
+    y = _call(fn, *args)
     leaves = [a for a in args if a.requires_grad]
     return [y.detach(), *torch.autograd.grad(y, leaves, dy.to(y.dtype))]
 
@@ -70,13 +74,13 @@ def test_routed_in_bfloat16_is_as_close_to_float64_as_dense_in_bfloat16() -> Non
 def test_moe_experts_routes_on_a_cpu_and_the_setting_keeps_dense(monkeypatch: pytest.MonkeyPatch) -> None:
     args = _problem(torch.float32)
     assert moe_path() == "routed"
-    assert torch.equal(moe_experts(*args, approximate="tanh"), moe_routed(*args, approximate="tanh"))
+    assert torch.equal(_call(moe_experts, *args), _call(moe_routed, *args))
     monkeypatch.setenv("HYLA_MOE_DISPATCH", "dense")
     assert moe_path() == "dense"
-    assert torch.equal(moe_experts(*args, approximate="tanh"), moe_dense(*args, approximate="tanh"))
+    assert torch.equal(_call(moe_experts, *args), _call(moe_dense, *args))
     monkeypatch.setenv("HYLA_MOE_DISPATCH", "sparse")
     with pytest.raises(ValueError, match=r"HYLA_MOE_DISPATCH='sparse' is not valid; allowed values: auto, dense"):
-        moe_experts(*args)
+        _call(moe_experts, *args)
 
 
 def test_under_vmap_it_stays_dense_and_equals_each_run_alone() -> None:
@@ -84,9 +88,9 @@ def test_under_vmap_it_stays_dense_and_equals_each_run_alone() -> None:
         torch.stack([a.detach() for a in arrays])
         for arrays in zip(_problem(torch.float32, seed=0), _problem(torch.float32, seed=1))
     ]
-    y = torch.vmap(lambda *a: moe_experts(*a, approximate="tanh"))(*stacked)
+    y = torch.vmap(lambda *a: _call(moe_experts, *a))(*stacked)
     for run in range(2):
-        alone = moe_dense(*(s[run] for s in stacked), approximate="tanh")
+        alone = _call(moe_dense, *(s[run] for s in stacked))
         torch.testing.assert_close(y[run], alone, rtol=1e-5, atol=1e-6)
 
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from hyla.attention import PRESETS, Attention, HookPoint, KVCache, attention_preset
 from hyla.ops.gelu import gelu
-from hyla.ops.moe import moe_experts
+from hyla.ops.moe import ExpertWeights, Routing, moe_experts
 
 FEEDFORWARDS: tuple[str, ...] = ("gelu", "swiglu")
 NORMS: tuple[str, ...] = ("layer", "rms")
@@ -190,16 +190,9 @@ class MoE(nn.Module):
         routed_BxTxE = torch.zeros_like(probs_BxTxE).scatter(-1, top_i_BxTxK, 1.0)
         routed_frac_E = routed_BxTxE.mean(dim=(0, 1)) / self.top_k
         self.aux_loss = num_experts * (routed_frac_E * probs_BxTxE.mean(dim=(0, 1))).sum()
-        y_NxD = moe_experts(
-            x_NxD,
-            weights_BxTxK.reshape(-1, self.top_k),
-            top_i_BxTxK.reshape(-1, self.top_k),
-            self.w1_ExDxM,
-            self.b1_ExM,
-            self.w2_ExMxD,
-            self.b2_ExD,
-            self.gelu_approximate,
-        )
+        routing = Routing(weights_BxTxK.reshape(-1, self.top_k), top_i_BxTxK.reshape(-1, self.top_k))
+        experts = ExpertWeights(self.w1_ExDxM, self.b1_ExM, self.w2_ExMxD, self.b2_ExD)
+        y_NxD = moe_experts(x_NxD, routing, experts, self.gelu_approximate)
         return y_NxD.reshape(x_BxTxD.shape)
 
 

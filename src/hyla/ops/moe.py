@@ -16,6 +16,8 @@ earlier pieces trained.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -33,69 +35,55 @@ def moe_path() -> str:
     return "routed" if env_setting(SETTING_ENV, SETTINGS) == "auto" else "dense"
 
 
-def _expert(x_NxD: Tensor, w1_DxM: Tensor, b1_M: Tensor, w2_MxD: Tensor, b2_D: Tensor, approximate: str) -> Tensor:
-    return gelu(x_NxD @ w1_DxM + b1_M, approximate=approximate) @ w2_MxD + b2_D
+class Routing(NamedTuple):
+    """Where the router sent each token: its ``K`` experts and their weights (renormalized to sum to 1)."""
+
+    weights_NxK: Tensor
+    experts_NxK: Tensor
 
 
-def moe_dense(
-    x_NxD: Tensor,
-    weights_NxK: Tensor,
-    experts_NxK: Tensor,
-    w1_ExDxM: Tensor,
-    b1_ExM: Tensor,
-    w2_ExMxD: Tensor,
-    b2_ExD: Tensor,
-    approximate: str = "none",
-) -> Tensor:
+class ExpertWeights(NamedTuple):
+    """The ``E`` experts' two layers, stacked: ``gelu(x @ w1[e] + b1[e]) @ w2[e] + b2[e]``."""
+
+    w1_ExDxM: Tensor
+    b1_ExM: Tensor
+    w2_ExMxD: Tensor
+    b2_ExD: Tensor
+
+
+def moe_dense(x_NxD: Tensor, routing: Routing, experts: ExpertWeights, approximate: str = "none") -> Tensor:
     """Every expert on every token; token n's output is ``sum_k weights[n, k] * expert_{experts[n, k]}(x[n])``."""
-    gates_NxE = torch.zeros(x_NxD.shape[0], w1_ExDxM.shape[0], dtype=weights_NxK.dtype, device=x_NxD.device)
-    gates_NxE = gates_NxE.scatter(-1, experts_NxK, weights_NxK)
+    w1_ExDxM, b1_ExM, w2_ExMxD, b2_ExD = experts
+    gates_NxE = torch.zeros(x_NxD.shape[0], w1_ExDxM.shape[0], dtype=routing.weights_NxK.dtype, device=x_NxD.device)
+    gates_NxE = gates_NxE.scatter(-1, routing.experts_NxK, routing.weights_NxK)
     h_NxExM = gelu(torch.einsum("nd,edm->nem", x_NxD, w1_ExDxM) + b1_ExM, approximate=approximate)
     y_NxExD = torch.einsum("nem,emd->ned", h_NxExM, w2_ExMxD) + b2_ExD
     return torch.einsum("ne,ned->nd", gates_NxE, y_NxExD)
 
 
-def moe_routed(
-    x_NxD: Tensor,
-    weights_NxK: Tensor,
-    experts_NxK: Tensor,
-    w1_ExDxM: Tensor,
-    b1_ExM: Tensor,
-    w2_ExMxD: Tensor,
-    b2_ExD: Tensor,
-    approximate: str = "none",
-) -> Tensor:
+def moe_routed(x_NxD: Tensor, routing: Routing, experts: ExpertWeights, approximate: str = "none") -> Tensor:
     """``moe_dense``'s function, each expert computed on the tokens routed to it only."""
-    num_tokens, top_k = experts_NxK.shape
-    expert_R = experts_NxK.reshape(-1)  # R = N * K (token, choice) pairs
+    num_tokens, top_k = routing.experts_NxK.shape
+    expert_R = routing.experts_NxK.reshape(-1)  # R = N * K (token, choice) pairs
     order_R = expert_R.argsort(stable=True)  # pairs grouped by expert, in token order within each
     token_R = torch.arange(num_tokens, device=x_NxD.device).repeat_interleave(top_k)[order_R]
-    counts = torch.bincount(expert_R, minlength=w1_ExDxM.shape[0]).tolist()
-    x_RxD = x_NxD.index_select(0, token_R)
-    params = zip(w1_ExDxM.unbind(0), b1_ExM.unbind(0), w2_ExMxD.unbind(0), b2_ExD.unbind(0), strict=True)
-    y_RxD = torch.cat([_expert(x, *p, approximate) for x, p in zip(x_RxD.split(counts), params, strict=True)])
-    y_RxD = y_RxD * weights_NxK.reshape(-1)[order_R, None].to(y_RxD.dtype)
+    counts = torch.bincount(expert_R, minlength=experts.w1_ExDxM.shape[0]).tolist()
+    outputs = []
+    for x_CxD, (w1_DxM, b1_M, w2_MxD, b2_D) in zip(
+        x_NxD.index_select(0, token_R).split(counts), zip(*(w.unbind(0) for w in experts)), strict=True
+    ):
+        outputs.append(gelu(x_CxD @ w1_DxM + b1_M, approximate=approximate) @ w2_MxD + b2_D)
+    y_RxD = torch.cat(outputs) * routing.weights_NxK.reshape(-1)[order_R, None]
     return torch.zeros_like(x_NxD, dtype=y_RxD.dtype).index_add(0, token_R, y_RxD)
 
 
-def moe_experts(
-    x_NxD: Tensor,
-    weights_NxK: Tensor,
-    experts_NxK: Tensor,
-    w1_ExDxM: Tensor,
-    b1_ExM: Tensor,
-    w2_ExMxD: Tensor,
-    b2_ExD: Tensor,
-    approximate: str = "none",
-) -> Tensor:
+def moe_experts(x_NxD: Tensor, routing: Routing, experts: ExpertWeights, approximate: str = "none") -> Tensor:
     """The experts' weighted sum per token: ``moe_routed`` in eager mode on a CPU, ``moe_dense`` where shapes must
     not depend on the data (compiled, captured, under ``torch.vmap``), on a GPU, or with ``SETTING_ENV=dense``."""
-    tensors = (x_NxD, weights_NxK, w1_ExDxM, b1_ExM, w2_ExMxD, b2_ExD)
     routed = (
         x_NxD.device.type == "cpu"
         and not torch.compiler.is_compiling()
-        and not any(torch._C._functorch.is_batchedtensor(t) for t in tensors)
+        and not any(torch._C._functorch.is_batchedtensor(t) for t in (x_NxD, routing.weights_NxK, *experts))
         and moe_path() == "routed"
     )
-    fn = moe_routed if routed else moe_dense
-    return fn(x_NxD, weights_NxK, experts_NxK, w1_ExDxM, b1_ExM, w2_ExMxD, b2_ExD, approximate)
+    return (moe_routed if routed else moe_dense)(x_NxD, routing, experts, approximate)
