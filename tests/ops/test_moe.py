@@ -111,4 +111,3 @@ def test_the_model_layer_matches_the_dense_form_with_its_gradients(monkeypatch: 
     assert not torch.equal(grads[0][0], grads[1][0]) or grads[0][0].abs().max() == 0  # two forms ran
     for routed, dense in zip(*grads):
         assert _rel_err(routed, dense) < FP32_TOL
-
