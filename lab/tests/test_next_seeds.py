@@ -1,0 +1,59 @@
+"""lab/next_seeds.py: a point earns seeds 1-2 when its seed 0 beats the most-seeded point's seed 0 by test R^2
+(never by OOD); a bad row is one line naming the rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from hyla.train.sweeps import load_sweep
+from tiny import fake_record
+
+SCRIPT = Path(__file__).resolve().parents[1] / "next_seeds.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("next_seeds", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass reads its own module's namespace
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_only_points_whose_seed_0_beats_the_incumbent_by_test_get_a_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_file = tmp_path / "grid.yaml"
+    rows = {"hyla_softmax": {"model.attention": "hyla_softmax"}, "linear": {"model.attention": "linear"}}
+    grid = {"train.lr": [0.001, 0.003], "train.weight_decay": [0.1, 0.03]}
+    sweep_file.write_text(
+        yaml.safe_dump({"name": "grid", "config": "fuzzy_logic", "rows": rows, "grid": grid, "seeds": [0, 1, 2]})
+    )
+    sweep = load_sweep(str(sweep_file))
+    records = tmp_path / "runs" / "grid"
+    for spec in sweep.runs():
+        lr, wd = dict(spec.point)["train.lr"], dict(spec.point)["train.weight_decay"]
+        if (lr, wd) == (0.001, 0.1):  # the incumbent: three seeds
+            fake_record(records, spec, test=0.90 + spec.seed / 1000, ood=0.5)
+        elif spec.seed == 0 and (lr, wd) == (0.003, 0.1):
+            fake_record(records, spec, test=0.95, ood=0.1)  # beats it in-distribution, worse OOD: still chosen
+        elif spec.seed == 0 and (lr, wd) == (0.001, 0.03):
+            fake_record(records, spec, test=0.85, ood=0.99)  # better OOD only: never
+    script = load_script()
+    assert (
+        script.main(["--sweep", str(sweep_file), "--rows", "hyla_softmax,linear", "--root", str(tmp_path / "runs")])
+        == 0
+    )
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert commands == [
+        "hyla sweep grid --only hyla_softmax --where train.lr=0.003 --where train.weight_decay=0.1 --where seed=1,2",
+        "hyla sweep grid --only linear --where train.lr=0.003 --where train.weight_decay=0.1 --where seed=1,2",
+    ]
+    assert script.main(["--sweep", str(sweep_file), "--rows", "hyla_plus", "--root", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err.strip() == "--rows: hyla_plus not in grid; its rows: hyla_softmax, linear"
