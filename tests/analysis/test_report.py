@@ -179,6 +179,7 @@ def test_paper_reference_only_for_table_a1_settings() -> None:
     assert paper_reference(load_config("sraven_depth8").to_dict()) is None
     assert paper_reference(load_config("fuzzy_logic", ["data.holdout=0.5"]).to_dict()) is None
     assert paper_reference(load_config("sraven_single_head").to_dict()) is None
+    assert paper_reference(load_config("fuzzy_logic", ["model.init=torch"]).to_dict()) is None
 
 
 def fake_lm_run(root: Path, attention: str, seed: int, val_ppl: list[float]) -> Path:

@@ -46,8 +46,8 @@ def _preset(model: dict[str, Any]) -> str | None:
 def _table(config: dict[str, Any]) -> tuple[dict[str, tuple[float, float]], str] | None:
     """The paper table (preset -> OOD (mean, s.e.)) and its name that this configuration belongs to."""
     model = config["model"]
-    if model.get("width_multiplier", 1) != 1 or model.get("single_head"):
-        return None
+    if model.get("width_multiplier", 1) != 1 or model.get("single_head") or model.get("init", "flax") != "flax":
+        return None  # another size, one head, or another initialization than the authors' (flax's): not theirs
     moe = model.get("moe_experts") or 0
     if moe and not (moe == 5 and model.get("moe_top_k") == 2):
         return None
