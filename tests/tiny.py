@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -172,3 +173,17 @@ def fake_record(root: Path, spec, test: float, ood: float, steps: int = 10) -> N
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     made = {"commit": "abc1234", "machine": "m", "device": "cpu", "date": "d", "wall_s": 60.0, "stacked_with": 1}
     (run / "made_by.jsonl").write_text(json.dumps(made) + "\n")
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of the repository (not a package module) imported by its path, registered under its file name
+    (a dataclass in it reads its own module's namespace)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

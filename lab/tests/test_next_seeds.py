@@ -3,27 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
 from hyla.train.sweeps import load_sweep
-from tiny import fake_record
+from tiny import fake_record, load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "next_seeds.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("next_seeds", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass reads its own module's namespace
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_only_points_whose_seed_0_beats_the_incumbent_by_test_get_a_command(
@@ -45,7 +33,7 @@ def test_only_points_whose_seed_0_beats_the_incumbent_by_test_get_a_command(
             fake_record(records, spec, test=0.95, ood=0.1)  # beats it in-distribution, worse OOD: still chosen
         elif spec.seed == 0 and (lr, wd) == (0.001, 0.03):
             fake_record(records, spec, test=0.85, ood=0.99)  # better OOD only: never
-    script = load_script()
+    script = load_script(SCRIPT)
     assert (
         script.main(["--sweep", str(sweep_file), "--rows", "hyla_softmax,linear", "--root", str(tmp_path / "runs")])
         == 0

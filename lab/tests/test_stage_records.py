@@ -3,28 +3,16 @@ checkpoint only (the older leaves the index), a run in training left alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from hyla.cli import main
 from hyla.train.run.lock import FolderLock
-from tiny import write_sweep
+from tiny import load_script, write_sweep
 
 SCRIPT = Path(__file__).resolve().parents[1] / "stage_records.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("stage_records", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass reads its own module's namespace
-    spec.loader.exec_module(module)
-    return module
 
 
 def git(repo: Path, *args: str) -> str:
@@ -51,7 +39,7 @@ def test_each_run_is_staged_as_its_state_asks(
     assert main(["sweep", str(sweep), "--root", str(runs), "--only", "hyla", "--stop-at-step", "6"]) == 0
     capsys.readouterr()
 
-    stage = load_script()
+    stage = load_script(SCRIPT)
     monkeypatch.setattr(stage, "REPO", repo)
     assert stage.main([str(runs / "tiny"), "--dry-run"]) == 0
     assert git(repo, "diff", "--cached", "--name-only") == ""  # a dry run stages nothing
@@ -86,6 +74,6 @@ def test_each_run_is_staged_as_its_state_asks(
 
 
 def test_a_path_outside_the_repository_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert load_script().main([str(tmp_path)]) == 2
+    assert load_script(SCRIPT).main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a folder inside" in err[0]
