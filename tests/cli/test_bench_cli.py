@@ -162,13 +162,9 @@ def test_kernel_bits_finds_a_one_ulp_change_and_a_missing_case() -> None:
     """benchmarks/speed/kernel_bits.py, the bit-for-bit check of the C kernel between two checkouts: the same
     checkout twice is equal in every case; one gradient moved by one float32 ulp, or a case one side lacks, is
     named."""
-    import importlib.util
+    from tiny import load_script
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "kernel_bits.py"
-    spec = importlib.util.spec_from_file_location("kernel_bits", script)
-    assert spec is not None and spec.loader is not None
-    kernel_bits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_bits)
+    kernel_bits = load_script(Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "kernel_bits.py")
     sizes = ((2, 3, 5, 2),)
     first, second = kernel_bits.kernel_results(sizes), kernel_bits.kernel_results(sizes)
     assert {case[4] for case in first} >= {"softmax", "hyla"} and len({case[5] for case in first}) == 2
