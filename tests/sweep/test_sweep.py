@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 from hyla.analysis.paper_report import sweep_section
 from hyla.cli import main
 from hyla.sweep import cli as sweep_cli
+from hyla.sweep import estimate as sweep_estimate
 from hyla.sweep import launch as sweep_launch
-from hyla.sweep.estimate import seconds_left, wall_seconds
+from hyla.sweep.estimate import probe_threads, seconds_left, wall_seconds
 from hyla.sweep.workers import worker_threads
 from hyla.textio import read_jsonl
 from hyla.train.config import load_config
@@ -417,6 +418,32 @@ def test_dry_run_and_emitted_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["sweep", str(path), "--root", str(tmp_path / "fresh"), "--dry-run", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert "with --jobs 2: about" in out and f"({worker_threads(2)} threads each;" in out
+
+
+def test_a_busy_machine_is_probed_with_its_idle_cores_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """More probe threads than idle cores measure the fight for the cores, not the run."""
+    assert probe_threads(2, cores=2, load=0.0) == 2
+    assert probe_threads(2, cores=2, load=1.2) == 1
+    assert probe_threads(2, cores=2, load=4.0) == 1  # at least one
+    assert probe_threads(4, cores=16, load=3.0) == 4  # enough idle cores: what was wanted
+    assert probe_threads(16, cores=16, load=3.0) == 13
+
+    path = write_sweep(tmp_path, rows={"softmax": {"model.attention": "softmax"}}, grid={}, seeds=[0])
+    probed: list[int | None] = []
+
+    def fake_estimate(cfg: object, device: str, cache: object, step: int, threads: int | None, to: object) -> float:
+        probed.append(threads)
+        return 60.0
+
+    monkeypatch.setattr(sweep_estimate, "estimate_seconds", fake_estimate)
+    monkeypatch.setattr(sweep_estimate.os, "cpu_count", lambda: 4)
+    for load, expected in ((0.0, torch.get_num_threads()), (3.0, 1)):
+        monkeypatch.setattr(sweep_estimate.os, "getloadavg", lambda load=load: (load, load, load))
+        assert main(["sweep", str(path), "--root", str(tmp_path / "r"), "--dry-run"]) == 0
+        assert probed.pop() == min(expected, 4 - round(load))
+    capsys.readouterr()
 
 
 def test_seconds_left_counts_the_steps_and_evaluations_up_to_the_stop() -> None:

@@ -75,6 +75,14 @@ def seconds_left(
     return per_step * (end - from_step) + eval_s * max(evals, 0)
 
 
+def probe_threads(wanted: int, cores: int, load: float) -> int:
+    """Threads for a probe that wants ``wanted`` of ``cores`` while ``load`` (the load average) is busy elsewhere:
+    at most the cores left idle, at least one. More threads than idle cores fight the others for them, and the
+    probe then measures the fight (a one-thread run was estimated 25x too long beside two busy threads)."""
+    idle = max(1, cores - round(load))
+    return max(1, min(wanted, idle))
+
+
 def wall_seconds(costs: list[float], jobs: int) -> float:
     """When the last of the groups costing ``costs`` seconds ends, ``jobs`` at a time, each started in order
     on the first worker free (what ``--jobs`` does)."""
@@ -99,13 +107,18 @@ def dry_run(
 ) -> None:
     """Print each run's state and estimated minutes left (to ``stop_at_step`` where given), then the total and,
     with ``jobs`` > 1, the wall time of ``--jobs`` over ``groups`` (each probe measured with a worker's
-    threads, alone on the machine)."""
-    threads = worker_threads(jobs) if jobs > 1 and device == "cpu" else None
+    threads, or with the cores left idle where the machine is busy: ``probe_threads``)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads = None
+    if device == "cpu":
+        import torch
+
+        wanted = worker_threads(jobs) if jobs > 1 else torch.get_num_threads()
+        threads = probe_threads(wanted, os.cpu_count() or 1, load)
     cache: dict[str, tuple[float, float]] = {}
     seconds: dict[str, float] = {}
     pending = [s for s in specs if states[s.name] != "done"]
     reached = set() if stop_at_step is None else set(at_or_past(pending, states, root, stop_at_step))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     print(
         f"{name}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending) - len(reached)} to train"
         + (f", {len(reached)} at --stop-at-step {stop_at_step} or past it" if reached else "")
@@ -131,7 +144,11 @@ def dry_run(
         costs = [sum(seconds[n] for n in group.names) for group in groups]
         print(
             f"with --jobs {jobs}: about {wall_seconds(costs, jobs) / 60:.1f} min "
-            f"({threads or 'all'} threads each; runs sharing the machine each go somewhat slower than measured alone)"
+            f"({worker_threads(jobs) if device == 'cpu' else 'all'} threads each; "
+            "runs sharing the machine each go somewhat slower than measured alone)"
         )
     if load > 0.5 * (os.cpu_count() or 1):
-        print(f"note: the machine was busy while measuring (load average {load:.1f}): these are overestimates")
+        print(
+            f"note: the machine was busy while measuring (load average {load:.1f}; probe threads: {threads or 'all'},"
+            " at most the idle cores): on an idle machine these runs go faster"
+        )
