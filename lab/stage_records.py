@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hyla.train.run.checkpoint import CheckpointError, latest_checkpoint, sums_file
-from hyla.train.run.folder import CONFIG, CONFIG_CHANGES, FINAL_WEIGHTS, MADE_BY, METRICS, run_state
+from hyla.train.run.folder import CONFIG, FINAL_WEIGHTS, run_state
+from hyla.train.run.folder import RECORD_FILES as RUN_RECORD
 from hyla.train.run.lock import FolderLock
 
 LAB = Path(__file__).resolve().parent
 REPO = LAB.parent
 RUNS = LAB / "runs"
 #: a run's record: what every state keeps (the tokenizer: a text task's, which its weights need)
-RECORD_FILES = (CONFIG, CONFIG_CHANGES, METRICS, MADE_BY, "tokenizer.json")
+RECORD_FILES = (*RUN_RECORD, "tokenizer.json")
 
 
 @dataclass

@@ -3,9 +3,9 @@
 The tracked records outgrew that limit (``lab/runs`` keeps every run's weights). ``slim`` moves the checkout to a
 local branch, never pushed, on which each tracked file the stages do not read is untracked and ignored (it stays
 on disk, unchanged); ``back`` returns to the branch it came from, where they are tracked again, after checking
-that none of them changed, and deletes the branch. What travels of ``lab/runs``: the records (``config.yaml``,
-``*.jsonl``) of every run of the sweeps the stages train, and the whole folder of each of their runs not finished
-(its newest checkpoint); no other sweep, and not the authors' logs of ``lab/tables/gpu_sraven_verdict/authors/``.
+that none of them changed, and deletes the branch. What travels of ``lab/runs``: the record (``RECORD_FILES``) of
+every run of the sweeps the stages train, and the whole folder of each of their runs not finished (its newest
+checkpoint); no other sweep, and not the authors' logs of ``lab/tables/gpu_sraven_verdict/authors/``.
 
     python lab/gpu/travel.py slim --stages "sraven-selected authors fuzzy" --carry .gpu_state .authors
     run(command="REPORT=0 STAGES='sraven-selected authors fuzzy' MINUTES=9 bash lab/gpu/gpu_paper.sh", ...)
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import gpu_queue as queue
 
-from hyla.train.run.folder import run_state
+from hyla.train.run.folder import RECORD_FILES, run_state
 from hyla.train.sweeps import load_sweep
 
 #: what the device tool sends at most: tracked and untracked-not-ignored files, and the carried paths
@@ -33,8 +33,6 @@ LIMIT_BYTES = 64 * 2**20
 BRANCH = "gpu-travel"
 AUTHORS_LOGS = "lab/tables/gpu_sraven_verdict/authors/"
 BEGIN, END = "# gpu-travel: begin (lab/gpu/travel.py back removes this block)", "# gpu-travel: end"
-RECORD_FILES = ("config.yaml",)
-RECORD_SUFFIXES = (".jsonl",)
 
 
 def git(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -79,8 +77,7 @@ def stays_behind(paths: list[str], root: str, sweeps: set[str]) -> list[str]:
         run = Path(prefix, parts[0], parts[1])
         if run not in states:
             states[run] = run_state(run)
-        is_record = len(parts) == 3 and (parts[2] in RECORD_FILES or parts[2].endswith(RECORD_SUFFIXES))
-        if states[run] == "done" and not is_record:
+        if states[run] == "done" and not (len(parts) == 3 and parts[2] in RECORD_FILES):
             behind.append(path)
     return behind
 

@@ -78,9 +78,8 @@ def seconds_left(
 def probe_threads(wanted: int, cores: int, load: float) -> int:
     """Threads for a probe that wants ``wanted`` of ``cores`` while ``load`` (the load average) is busy elsewhere:
     at most the cores left idle, at least one. More threads than idle cores fight the others for them, and the
-    probe then measures the fight (a one-thread run was estimated 25x too long beside two busy threads)."""
-    idle = max(1, cores - round(load))
-    return max(1, min(wanted, idle))
+    probe then measures the fight, many times the run's time."""
+    return max(1, min(wanted, cores - round(load)))
 
 
 def wall_seconds(costs: list[float], jobs: int) -> float:

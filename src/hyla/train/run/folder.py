@@ -40,6 +40,8 @@ CONFIG_CHANGES = "config_changes.jsonl"
 MADE_BY = "made_by.jsonl"
 #: a finished run's final weights (model only), kept beside its records when its checkpoints go
 FINAL_WEIGHTS = "model.safetensors"
+#: a run's record, what the reports and a sweep's states read (its weights and checkpoints apart)
+RECORD_FILES = (CONFIG, CONFIG_CHANGES, METRICS, MADE_BY)
 
 
 def check_new_or_resumable(run_dir: Path, resume: bool) -> Path | None:
