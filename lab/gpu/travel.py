@@ -173,6 +173,9 @@ def back() -> int:
                 f"{len(changed)} files left behind changed or went missing (e.g. {changed[0]}): the switch back "
                 f"would overwrite them; save them, restore {state['commit'][:12]}'s copies, then run back again"
             )
+    on_branch = git("symbolic-ref", "--quiet", "--short", "HEAD").strip() == BRANCH
+    if on_branch and git("rev-parse", "HEAD").strip() == state["commit"]:
+        git("reset", "--quiet")  # slim stopped before its commit: its staged removals must not reach the origin
     git("switch", "--quiet", state["from"])
     exclude = git_path("info/exclude")
     if exclude.exists():

@@ -125,3 +125,25 @@ def test_slim_refuses_a_dirty_tree_and_an_oversized_one_goes_back(
     assert git("branch", "--show-current").strip() == "main" and git("ls-files") == before
     assert git("status", "--porcelain", "--untracked-files=all") == ""
     assert travel.main(["back"]) == 2  # nothing to return from
+
+
+def test_back_after_a_slim_stopped_before_its_commit_leaves_the_origin_as_it_was(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = git("ls-files")
+    real_git = travel.git
+
+    def killed_at_commit(*args: str, **kwargs) -> str:
+        if args[0] == "commit":
+            raise KeyboardInterrupt
+        return real_git(*args, **kwargs)
+
+    monkeypatch.setattr(travel, "git", killed_at_commit)
+    with pytest.raises(KeyboardInterrupt):
+        travel.main(["slim", "--stages", "sraven-selected"])
+    monkeypatch.setattr(travel, "git", real_git)
+    assert git("branch", "--show-current").strip() == travel.BRANCH
+    assert git("diff", "--cached", "--name-only")  # the removals are staged, not committed
+    assert travel.main(["back"]) == 0
+    assert git("branch", "--show-current").strip() == "main" and git("ls-files") == before
+    assert git("status", "--porcelain", "--untracked-files=all") == ""
