@@ -13,6 +13,7 @@ from hyla.train.build import build_model, build_task, build_tasks, sized_config
 from hyla.train.config import DataConfig, load_config, task_options
 from hyla.train.engines.base import StepSums
 from hyla.train.engines.optim import StackedAdamW, build_optimizer, decayed_parameter_names, load_optimizer_state, lr_at
+from hyla.train.engines.stacked import stack_layout
 from hyla.train.loop import Trainer
 from tiny import tiny_overrides
 
@@ -93,24 +94,25 @@ def test_stacked_adamw_equals_torch_adamw_and_converts_both_ways() -> None:
     task = build_task(cfgs[0])
     models = [build_model(cfg, task) for cfg in cfgs]
     decayed = decayed_parameter_names(models[0], cfgs[0].train.weight_decay_mask)
-    named = list(models[0].named_parameters())
-    order = [n for n, _ in named if n in decayed] + [n for n, _ in named if n not in decayed]  # decayed first
-    shapes = dict(named)
-    columns, offset = {}, 0
-    for n in order:
-        columns[n] = slice(offset, offset + shapes[n].numel())
-        offset += shapes[n].numel()
+    slots, width = stack_layout(models[0], decayed)
+    columns = {s.name: s.columns for s in slots}
+    groups = [c for n, c in columns.items() if n in decayed], [c for n, c in columns.items() if n not in decayed]
+    used = torch.zeros(width, dtype=torch.bool)
+    flat_RxN = torch.zeros(2, width)
     with torch.no_grad():
-        rows = [dict(m.named_parameters()) for m in models]
-        flat_RxN = torch.stack([torch.cat([row[n].reshape(-1) for n in order]) for row in rows])
-    stacked = StackedAdamW(flat_RxN, sum(shapes[n].numel() for n in decayed), cfgs)
-    all_at_once = StackedAdamW(flat_RxN.clone(), stacked.num_decayed, cfgs)
+        for r, model in enumerate(models):
+            for n, p in model.named_parameters():
+                flat_RxN[r, columns[n]] = p.reshape(-1)
+                used[columns[n]] = True
+    assert not used.all()  # gaps between parameters, as in a stack: they must stay 0
+    stacked = StackedAdamW(flat_RxN, *groups, cfgs)
+    all_at_once = StackedAdamW(flat_RxN.clone(), *groups, cfgs)
     start_RxN = flat_RxN.clone()
     optimizers = [build_optimizer(m, cfg, torch.device("cpu")) for m, cfg in zip(models, cfgs)]
     assert all(opt.defaults["fused"] for opt in optimizers)
     gen = torch.Generator().manual_seed(0)
     for step in range(5):
-        grad_RxN = torch.randn(flat_RxN.shape, generator=gen)
+        grad_RxN = torch.randn(flat_RxN.shape, generator=gen) * used  # a stack's gradient is 0 in the gaps
         for r, (model, opt) in enumerate(zip(models, optimizers)):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfgs[r])
@@ -119,19 +121,55 @@ def test_stacked_adamw_equals_torch_adamw_and_converts_both_ways() -> None:
             opt.step()
         stacked.update(step, grad_RxN)
         all_at_once.step(grad_RxN, all_at_once.schedule_row(step))
-    for r, model in enumerate(models):
-        params = dict(model.named_parameters())
-        lone = torch.cat([params[n].detach().reshape(-1) for n in order])
-        assert torch.equal(flat_RxN[r], lone), r
-        torch.testing.assert_close(all_at_once.flat_RxN[r], lone, rtol=1e-5, atol=1e-6)
+    for r, (model, opt) in enumerate(zip(models, optimizers)):
+        for n, p in model.named_parameters():
+            assert torch.equal(flat_RxN[r, columns[n]], p.detach().reshape(-1)), (r, n)
+            # the moments too: the fused kernel rounds a tensor's scalar tail unlike its vector body (v above all)
+            assert torch.equal(stacked.exp_avg_sq_RxN[r, columns[n]], opt.state[p]["exp_avg_sq"].reshape(-1)), (r, n)
+            torch.testing.assert_close(
+                all_at_once.flat_RxN[r, columns[n]], p.detach().reshape(-1), rtol=1e-5, atol=1e-6
+            )
         assert not torch.equal(flat_RxN[r], start_RxN[r])  # it moved
+    for t in (flat_RxN, stacked.exp_avg_RxN, all_at_once.flat_RxN, all_at_once.exp_avg_sq_RxN):
+        assert t[:, ~used].abs().sum() == 0
     opt = stacked.to_adamw(1, models[1], columns, step=5)
     assert opt.state[next(models[1].parameters())]["step"].item() == 5.0
-    copy = StackedAdamW(flat_RxN.clone(), stacked.num_decayed, cfgs)
+    copy = StackedAdamW(flat_RxN.clone(), *groups, cfgs)
     copy.load_adamw(1, opt, models[1], columns)
     assert torch.equal(copy.exp_avg_RxN[1], stacked.exp_avg_RxN[1])
     assert torch.equal(copy.exp_avg_sq_RxN[1], stacked.exp_avg_sq_RxN[1])
     assert copy.exp_avg_RxN[0].abs().sum() == 0 < stacked.exp_avg_RxN[0].abs().sum()  # only run 1 was loaded
+
+
+@pytest.mark.float_sensitive
+def test_stacked_adamw_updates_each_parameter_as_a_tensor_of_its_own() -> None:
+    """Parameters of 1, 3 and 8 elements inside a longer row: a lone run's fused AdamW takes each in its
+    scalar tail, which rounds unlike the kernel's vector body, so the stack must pass each as its own tensor
+    to give the lone run's moments bit for bit."""
+    cfg = load_config("fuzzy_logic", [*TINY, "train.weight_decay=0.3"])
+    sizes = {"a": 1, "b": 3, "c": 8, "d": 1}
+    decayed, undecayed = [slice(0, 1), slice(16, 19)], [slice(32, 40), slice(48, 49)]
+    gen = torch.Generator().manual_seed(0)
+    flat_RxN = torch.zeros(1, 64)
+    lone = {n: torch.randn(k, generator=gen) for n, k in sizes.items()}
+    for n, cols in zip(sizes, decayed + undecayed):
+        flat_RxN[0, cols] = lone[n]
+    params = {n: torch.nn.Parameter(t) for n, t in lone.items()}
+    groups = [{"params": [params["a"], params["b"]], "weight_decay": 0.3}]
+    groups.append({"params": [params["c"], params["d"]], "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, lr=cfg.train.lr, fused=True)
+    stacked = StackedAdamW(flat_RxN, decayed, undecayed, [cfg])
+    for step in range(20):
+        grad_RxN = torch.zeros_like(flat_RxN)
+        for n, cols in zip(sizes, decayed + undecayed):
+            grad_RxN[0, cols] = params[n].grad = torch.randn(sizes[n], generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        opt.step()
+        stacked.update(step, grad_RxN)
+    for n, cols in zip(sizes, decayed + undecayed):
+        assert torch.equal(flat_RxN[0, cols], params[n].detach()), n
+        assert torch.equal(stacked.exp_avg_sq_RxN[0, cols], opt.state[params[n]]["exp_avg_sq"]), n
 
 
 def test_every_registered_task_owns_its_data_keys() -> None:

@@ -20,7 +20,7 @@ from hyla.train.engines import base as engine_module
 from hyla.train.engines import lone as lone_module
 from hyla.train.engines import optim as optim_module
 from hyla.train.engines.fast import StepGraph, compile_mode, uses_cudagraphs
-from hyla.train.engines.stacked import StackedStepGraph, stack_forward_mode
+from hyla.train.engines.stacked import ALIGN_BYTES, StackedStepGraph, stack_forward_mode
 from hyla.train.loop import Interrupted, NonFiniteLossError, Trainer
 from hyla.train.run.checkpoint import latest_checkpoint, load_checkpoint
 from hyla.train.sweeps import describe_plan, engine_for, plan_groups
@@ -109,6 +109,35 @@ def test_each_stacked_seed_matches_its_lone_run(tmp_path: Path, capsys, config: 
             len(g["params"]) for g in theirs.optimizer["param_groups"]
         ]
     assert train_losses(tmp_path / "stack" / "seed0") != train_losses(tmp_path / "stack" / "seed3")
+
+
+@pytest.mark.parametrize("update", ["cpu", "as_on_cuda"])
+def test_stacked_parameters_start_where_a_lone_runs_would_and_the_gaps_stay_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, update: str
+) -> None:
+    """Every run's every parameter starts on the allocator's alignment (a CPU product's last bits can depend
+    on its operand's address), and the padding between them neither trains nor holds optimizer state."""
+    if update == "as_on_cuda":
+
+        def update_as_on_cuda(self: optim_module.StackedAdamW, step: int, grad_RxN: torch.Tensor) -> None:
+            self.step(grad_RxN, self.schedule_row(step))
+
+        monkeypatch.setattr(optim_module.StackedAdamW, "update", update_as_on_cuda)
+    cfgs = [load_config("fuzzy_logic_moe", [*FEW_STEPS, *MOE, f"seed={seed}"]) for seed in (0, 3)]
+    trainer = Trainer(cfgs, [tmp_path / "s0", tmp_path / "s3"], quiet=True, engine="stacked")
+    engine = trainer.engine
+    assert sum(s.numel for s in engine.slots) < engine.flat_RxN.shape[1]  # the tiny model's shapes need gaps
+    for name, param in engine.params.items():
+        assert [param[r].data_ptr() % ALIGN_BYTES for r in range(2)] == [0, 0], name
+    used = torch.zeros(engine.flat_RxN.shape[1], dtype=torch.bool)
+    for s in engine.slots:
+        used[s.columns] = True
+    start = engine.flat_RxN.clone()
+    for _ in range(3):
+        trainer.train_step()
+    for t in (engine.flat_RxN, engine.optimizer.exp_avg_RxN, engine.optimizer.exp_avg_sq_RxN):
+        assert t[:, ~used].abs().sum() == 0 and t[:, used].abs().sum() > 0
+    assert not torch.equal(engine.flat_RxN[:, used], start[:, used])
 
 
 @pytest.mark.slow

@@ -68,11 +68,7 @@ def moe_routed(x_NxD: Tensor, routing: Routing, experts: ExpertWeights, approxim
     order_R = expert_R.argsort(stable=True)  # pairs grouped by expert, in token order within each
     token_R = torch.arange(num_tokens, device=x_NxD.device).repeat_interleave(top_k)[order_R]
     counts = torch.bincount(expert_R, minlength=experts.w1_ExDxM.shape[0]).tolist()
-    # the experts' weights copied first: a loop stack's runs take theirs as views into one stacked buffer, and
-    # without the copy a stack's second run drifted from its lone run in the last bits within 2 updates (the
-    # stacked-engine tests; not reproduced on this layer alone). The copy is 2 x E x D x M floats a forward;
-    # a lone run's numbers do not change with it (the golden runs)
-    per_expert = zip(*(w.clone().unbind(0) for w in experts))
+    per_expert = zip(*(w.unbind(0) for w in experts))
     outputs = []
     for x_CxD, (w1_DxM, b1_M, w2_MxD, b2_D) in zip(
         x_NxD.index_select(0, token_R).split(counts), per_expert, strict=True

@@ -95,18 +95,23 @@ SCHEDULE_CHUNK = 4096  # steps of per-run learning rates computed at once and co
 
 
 class StackedAdamW:
-    """``torch.optim.AdamW``'s update of R runs' parameters, the rows of ``flat_RxN`` with the decayed ones in
-    its first ``num_decayed`` columns.
+    """``torch.optim.AdamW``'s update of R runs' parameters, the rows of ``flat_RxN``: each parameter at its
+    columns, ``decayed`` (weight decay) or ``undecayed``, the decayed ones first; other columns stay 0.
 
-    ``update`` on the CPU: run by run, with the fused kernel a lone run's AdamW uses there
-    (``build_optimizer``), so that each run's arithmetic is its lone run's. On CUDA, ``step``: the
+    ``update`` on the CPU: run by run, parameter by parameter, with the fused kernel a lone run's AdamW uses
+    there (``build_optimizer``), so that each run's arithmetic is its lone run's: that kernel rounds a
+    tensor's vectorized body and its scalar tail differently, so a parameter must be its own tensor, as it is
+    in the lone run, not a stretch of a longer one. On CUDA, ``step``: the
     single-tensor arithmetic for all runs at once in ~8 elementwise kernels, with per-run learning rates and
     weight decays as ``R x 1`` columns of a schedule table on the device (no host-to-device copy and no host
     synchronization per step, so a CUDA graph captures it).
     """
 
-    def __init__(self, flat_RxN: Tensor, num_decayed: int, cfgs: list[ExperimentConfig]) -> None:
-        self.flat_RxN, self.num_decayed, self.cfgs = flat_RxN, num_decayed, cfgs
+    def __init__(
+        self, flat_RxN: Tensor, decayed: list[slice], undecayed: list[slice], cfgs: list[ExperimentConfig]
+    ) -> None:
+        self.flat_RxN, self.decayed, self.undecayed, self.cfgs = flat_RxN, decayed, undecayed, cfgs
+        self.num_decayed = max((c.stop for c in decayed), default=0)
         self.exp_avg_RxN = torch.zeros_like(flat_RxN)
         self.exp_avg_sq_RxN = torch.zeros_like(flat_RxN)
         self._schedule_chunk = -1
@@ -154,17 +159,15 @@ class StackedAdamW:
         if self.flat_RxN.device.type != "cpu" or isinstance(step, Tensor):
             self.step(grad_RxN, self.schedule_row(step))
             return
-        parts = ((slice(0, self.num_decayed), True), (slice(self.num_decayed, None), False))
         for r, cfg in enumerate(self.cfgs):
             lr = lr_at(step, cfg)
-            for cols, decayed in parts:
-                p, g = self.flat_RxN[r, cols], grad_RxN[r, cols]  # views: the kernel writes in place
-                if p.numel() == 0:
+            for columns, wd in ((self.decayed, cfg.train.weight_decay), (self.undecayed, 0.0)):
+                if not columns:
                     continue
-                m, v = self.exp_avg_RxN[r, cols], self.exp_avg_sq_RxN[r, cols]
-                wd = cfg.train.weight_decay if decayed else 0.0
-                step_t = torch.tensor(float(step))  # the kernel counts it up to t
-                functional_adamw([p], [g], [m], [v], [], [step_t], lr=lr, weight_decay=wd, **_FUSED_ADAMW)
+                tensors = (self.flat_RxN, grad_RxN, self.exp_avg_RxN, self.exp_avg_sq_RxN)
+                p, g, m, v = ([t[r, c] for c in columns] for t in tensors)  # views: the kernel writes in place
+                steps = [torch.tensor(float(step)) for _ in columns]  # one each: the kernel counts each up to t
+                functional_adamw(p, g, m, v, [], steps, lr=lr, weight_decay=wd, **_FUSED_ADAMW)
 
     @torch.no_grad()
     def step(self, grad_RxN: Tensor, schedule_Rx3: Tensor) -> None:

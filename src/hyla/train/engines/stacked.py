@@ -16,9 +16,9 @@ another (``hyla.train.sweeps.plan_groups``, by ``stack_key``). Each run ``r`` of
 * writes an ordinary run directory (the shell writes it; checkpoints hold ``torch.optim.AdamW``'s
   format), which ``hyla report`` reads and ``hyla train --resume`` continues, stacked or alone.
 
-The R runs' parameters are views into one ``R x N`` tensor. On CUDA the forward is
-``torch.func.vmap`` over ``functional_call`` of one template model: one call runs all R models, so a
-GPU step launches the kernels of one run, each R times wider. On a CPU, where a step is compute-bound
+The R runs' parameters are views into one ``R x N`` tensor, each aligned as a lone run's (``ALIGN_BYTES``).
+On CUDA the forward is ``torch.func.vmap`` over ``functional_call`` of one template model: one call runs all R
+models, so a GPU step launches the kernels of one run, each R times wider. On a CPU, where a step is compute-bound
 and vmap's batched forms (``bmm`` for the per-run linear layers) are slower than the lone ones, the
 runs are called one after another with the lone model's kernels (``train.stack_forward=loop``).
 ``train.fast`` compiles the forward as for a lone run (``hyla.train.engines.fast``); ``train.graph_step``
@@ -120,9 +120,15 @@ def stack_key(cfg: ExperimentConfig) -> str | None:
 
 
 # ------------------------------------------------------------------------------ the engine
+#: where each parameter of a stacked run starts: the CPU allocator's alignment, that of a lone run's parameters.
+#: A product's bits can depend on its operand's address: on a CPU, ``g_1xM @ w_DxM.T`` (the backward of an MoE
+#: expert that was routed a single token) differed in the last bits with ``w`` 4 bytes off 16.
+ALIGN_BYTES = 64
+
+
 @dataclass
 class _Slot:
-    """Where one parameter of the lone model lives in the ``R x N`` parameter tensor."""
+    """Where one parameter of the lone model lives in the ``R x N`` parameter tensor (``ALIGN_BYTES`` apart)."""
 
     name: str
     offset: int
@@ -132,6 +138,18 @@ class _Slot:
     @property
     def columns(self) -> slice:
         return slice(self.offset, self.offset + self.numel)
+
+
+def stack_layout(model: nn.Module, decayed: set[str]) -> tuple[list[_Slot], int]:
+    """Where each of ``model``'s parameters lives in a stacked run's row, and the row's length: the decayed ones
+    first (as the lone run's optimizer groups them), each starting on ``ALIGN_BYTES``, as a lone run's does."""
+    named = list(model.named_parameters())
+    align = ALIGN_BYTES // named[0][1].element_size()
+    slots, offset = [], 0
+    for name, p in [(n, p) for n, p in named if n in decayed] + [(n, p) for n, p in named if n not in decayed]:
+        slots.append(_Slot(name, offset, p.numel(), p.shape))
+        offset = -(-(offset + p.numel()) // align) * align
+    return slots, offset
 
 
 def _concat(batches: list[Batch]) -> Batch:
@@ -166,20 +184,17 @@ class StackedEngine(Engine):
         num_runs = self.num_runs
         self.template = copy.deepcopy(models[0])
 
-        # parameters: decayed ones (as in the lone run's optimizer) first, each run's a row of flat_RxN
-        named = list(self.template.named_parameters())
+        # each run's parameters a row of flat_RxN
         decayed = decayed_parameter_names(self.template, self.cfg.train.weight_decay_mask)
-        ordered = [n for n, _ in named if n in decayed] + [n for n, _ in named if n not in decayed]
-        shapes = dict(named)
-        self.slots: list[_Slot] = []
-        offset = 0
-        for name in ordered:
-            self.slots.append(_Slot(name, offset, shapes[name].numel(), shapes[name].shape))
-            offset += shapes[name].numel()
+        self.slots, width = stack_layout(self.template, decayed)
         self.columns = {s.name: s.columns for s in self.slots}
         with torch.no_grad():
             rows = [dict(m.named_parameters()) for m in models]
-            self.flat_RxN = torch.stack([torch.cat([r[s.name].reshape(-1) for s in self.slots]) for r in rows])
+            dtype = next(self.template.parameters()).dtype
+            self.flat_RxN = torch.zeros(num_runs, width, dtype=dtype, device=self.device)
+            for r, row in enumerate(rows):
+                for s in self.slots:
+                    self.flat_RxN[r, s.columns] = row[s.name].reshape(-1)
         self.params: dict[str, nn.Parameter] = {
             s.name: nn.Parameter(self.flat_RxN[:, s.columns].view(num_runs, *s.shape)) for s in self.slots
         }
@@ -188,8 +203,9 @@ class StackedEngine(Engine):
             name: torch.stack([dict(m.named_buffers())[name] for m in models])
             for name, _ in self.template.named_buffers()
         }
-        num_decayed = sum(s.numel for s in self.slots if s.name in decayed)
-        self.optimizer = StackedAdamW(self.flat_RxN, num_decayed, self.cfgs)
+        decayed_columns = [s.columns for s in self.slots if s.name in decayed]
+        undecayed_columns = [s.columns for s in self.slots if s.name not in decayed]
+        self.optimizer = StackedAdamW(self.flat_RxN, decayed_columns, undecayed_columns, self.cfgs)
         del models, rows
         self._build_forward()
 
@@ -234,7 +250,7 @@ class StackedEngine(Engine):
 
     def describe(self, names: list[str], steps: int) -> str:
         return (
-            f"{self.num_runs} stacked runs ({', '.join(names)}): {self.flat_RxN.shape[1]:,} parameters each, "
+            f"{self.num_runs} stacked runs ({', '.join(names)}): {sum(s.numel for s in self.slots):,} parameters each, "
             f"{steps} steps, device {self.device}, train.stack_forward={self.forward_mode}"
             + (", whole step as one CUDA graph" if self.graph is not None else "")
         )
@@ -254,7 +270,9 @@ class StackedEngine(Engine):
     def _backward(self, loss: Tensor, grads: Tensor | None) -> Tensor:
         """The gradient ``grad_RxN`` in ``flat_RxN``'s columns, summed over the micro-batches so far."""
         per_param = torch.autograd.grad(loss, self._param_list, allow_unused=True, materialize_grads=True)
-        g_RxN = torch.cat([g.reshape(self.num_runs, -1) for g in per_param], dim=1)
+        g_RxN = torch.zeros_like(self.flat_RxN)  # the padding between slots stays 0 (AdamW keeps it 0)
+        for s, g in zip(self.slots, per_param, strict=True):
+            g_RxN[:, s.columns] = g.reshape(self.num_runs, -1)
         return g_RxN if grads is None else grads.add_(g_RxN)
 
     def _grad_norm_R(self, grads: Tensor | None) -> Tensor:
