@@ -127,7 +127,7 @@ ALIGN_BYTES = 64
 
 
 @dataclass
-class _Slot:
+class ParamSlot:
     """Where one parameter of the lone model lives in the ``R x N`` parameter tensor (``ALIGN_BYTES`` apart)."""
 
     name: str
@@ -140,14 +140,14 @@ class _Slot:
         return slice(self.offset, self.offset + self.numel)
 
 
-def stack_layout(model: nn.Module, decayed: set[str]) -> tuple[list[_Slot], int]:
+def stack_layout(model: nn.Module, decayed: set[str]) -> tuple[list[ParamSlot], int]:
     """Where each of ``model``'s parameters lives in a stacked run's row, and the row's length: the decayed ones
     first (as the lone run's optimizer groups them), each starting on ``ALIGN_BYTES``, as a lone run's does."""
     named = list(model.named_parameters())
     align = ALIGN_BYTES // named[0][1].element_size()
     slots, offset = [], 0
     for name, p in [(n, p) for n, p in named if n in decayed] + [(n, p) for n, p in named if n not in decayed]:
-        slots.append(_Slot(name, offset, p.numel(), p.shape))
+        slots.append(ParamSlot(name, offset, p.numel(), p.shape))
         offset = -(-(offset + p.numel()) // align) * align
     return slots, offset
 
