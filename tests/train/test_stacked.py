@@ -73,6 +73,11 @@ PAPER_SPLIT = [o for o in FEW_STEPS if not o.startswith(("data.split_seed", "mod
 MOE = ["train.moe_aux_weight=0.5"]
 
 
+def update_as_on_cuda(self: optim_module.StackedAdamW, step: int, grad_RxN: torch.Tensor) -> None:
+    """``StackedAdamW.update`` as on CUDA: the plain step's arithmetic for all runs, not the CPU's fused kernel."""
+    self.step(grad_RxN, self.schedule_row(step))
+
+
 @pytest.mark.float_sensitive
 @pytest.mark.parametrize("forward", ["loop", "vmap"])
 @pytest.mark.parametrize("config", ["sraven", "fuzzy_logic", "sraven_moe", "fuzzy_logic_moe"])
@@ -118,10 +123,6 @@ def test_stacked_parameters_start_where_a_lone_runs_would_and_the_gaps_stay_zero
     """Every run's every parameter starts on the allocator's alignment (a CPU product's last bits can depend
     on its operand's address), and the padding between them neither trains nor holds optimizer state."""
     if update == "as_on_cuda":
-
-        def update_as_on_cuda(self: optim_module.StackedAdamW, step: int, grad_RxN: torch.Tensor) -> None:
-            self.step(grad_RxN, self.schedule_row(step))
-
         monkeypatch.setattr(optim_module.StackedAdamW, "update", update_as_on_cuda)
     cfgs = [load_config("fuzzy_logic_moe", [*FEW_STEPS, *MOE, f"seed={seed}"]) for seed in (0, 3)]
     trainer = Trainer(cfgs, [tmp_path / "s0", tmp_path / "s3"], quiet=True, engine="stacked")
@@ -533,10 +534,6 @@ def test_stacked_graph_body_run_eagerly_equals_the_plain_step(tmp_path: Path, mo
     row read on the device across schedule chunks, the sums and flags in place, and the snapshot the
     warm-up is undone with. Only the capture itself needs CUDA."""
     monkeypatch.setattr(optim_module, "SCHEDULE_CHUNK", 3)  # steps 0..6 cross two chunk boundaries
-
-    def update_as_on_cuda(self: optim_module.StackedAdamW, step: int, grad_RxN: torch.Tensor) -> None:
-        self.step(grad_RxN, self.schedule_row(step))  # the plain step's arithmetic on CUDA, not the CPU's fused
-
     monkeypatch.setattr(optim_module.StackedAdamW, "update", update_as_on_cuda)
     sweep = [["seed=0", "train.lr=0.003"], ["seed=1", "train.lr=0.001", "train.weight_decay=0.3"]]
     paper = ["train.stack_forward=loop", "data.split_seed=null", "model.attention_dropout=0.1"]

@@ -188,9 +188,15 @@ class StackedEngine(Engine):
         decayed = decayed_parameter_names(self.template, self.cfg.train.weight_decay_mask)
         self.slots, width = stack_layout(self.template, decayed)
         self.columns = {s.name: s.columns for s in self.slots}
+        dtype = next(self.template.parameters()).dtype
+        # the zeros after each slot up to the next: the gradient's padding, in one `cat` with the gradients
+        ends = [s.offset for s in self.slots[1:]] + [width]
+        self._gaps = [
+            torch.zeros(num_runs, end - s.columns.stop, dtype=dtype, device=self.device)
+            for s, end in zip(self.slots, ends, strict=True)
+        ]
         with torch.no_grad():
             rows = [dict(m.named_parameters()) for m in models]
-            dtype = next(self.template.parameters()).dtype
             self.flat_RxN = torch.zeros(num_runs, width, dtype=dtype, device=self.device)
             for r, row in enumerate(rows):
                 for s in self.slots:
@@ -270,9 +276,8 @@ class StackedEngine(Engine):
     def _backward(self, loss: Tensor, grads: Tensor | None) -> Tensor:
         """The gradient ``grad_RxN`` in ``flat_RxN``'s columns, summed over the micro-batches so far."""
         per_param = torch.autograd.grad(loss, self._param_list, allow_unused=True, materialize_grads=True)
-        g_RxN = torch.zeros_like(self.flat_RxN)  # the padding between slots stays 0 (AdamW keeps it 0)
-        for s, g in zip(self.slots, per_param, strict=True):
-            g_RxN[:, s.columns] = g.reshape(self.num_runs, -1)
+        parts = (t for g, gap in zip(per_param, self._gaps, strict=True) for t in (g.reshape(self.num_runs, -1), gap))
+        g_RxN = torch.cat(list(parts), dim=1)
         return g_RxN if grads is None else grads.add_(g_RxN)
 
     def _grad_norm_R(self, grads: Tensor | None) -> Tensor:
