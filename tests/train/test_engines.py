@@ -13,7 +13,7 @@ from hyla.train.build import build_model, build_task, build_tasks, sized_config
 from hyla.train.config import DataConfig, load_config, task_options
 from hyla.train.engines.base import StepSums
 from hyla.train.engines.optim import StackedAdamW, build_optimizer, decayed_parameter_names, load_optimizer_state, lr_at
-from hyla.train.engines.stacked import stack_layout
+from hyla.train.engines.stacked import decay_groups, stack_layout
 from hyla.train.loop import Trainer
 from tiny import tiny_overrides
 
@@ -96,7 +96,9 @@ def test_stacked_adamw_equals_torch_adamw_and_converts_both_ways() -> None:
     decayed = decayed_parameter_names(models[0], cfgs[0].train.weight_decay_mask)
     slots, width = stack_layout(models[0], decayed)
     columns = {s.name: s.columns for s in slots}
-    groups = [c for n, c in columns.items() if n in decayed], [c for n, c in columns.items() if n not in decayed]
+    groups = decay_groups(slots)
+    assert [columns[n] for n in columns if n in decayed] == groups[0] and groups[1]
+    assert max(c.stop for c in groups[0]) <= min(c.start for c in groups[1])  # decayed first, as a lone run groups
     used = torch.zeros(width, dtype=torch.bool)
     flat_RxN = torch.zeros(2, width)
     with torch.no_grad():

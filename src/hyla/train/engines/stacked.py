@@ -134,6 +134,7 @@ class ParamSlot:
     offset: int
     numel: int
     shape: torch.Size
+    decayed: bool
 
     @property
     def columns(self) -> slice:
@@ -147,9 +148,14 @@ def stack_layout(model: nn.Module, decayed: set[str]) -> tuple[list[ParamSlot], 
     align = ALIGN_BYTES // named[0][1].element_size()
     slots, offset = [], 0
     for name, p in [(n, p) for n, p in named if n in decayed] + [(n, p) for n, p in named if n not in decayed]:
-        slots.append(ParamSlot(name, offset, p.numel(), p.shape))
+        slots.append(ParamSlot(name, offset, p.numel(), p.shape, name in decayed))
         offset = -(-(offset + p.numel()) // align) * align
     return slots, offset
+
+
+def decay_groups(slots: list[ParamSlot]) -> tuple[list[slice], list[slice]]:
+    """The decayed and the undecayed parameters' columns, as ``StackedAdamW`` takes them."""
+    return [s.columns for s in slots if s.decayed], [s.columns for s in slots if not s.decayed]
 
 
 def _concat(batches: list[Batch]) -> Batch:
@@ -209,9 +215,7 @@ class StackedEngine(Engine):
             name: torch.stack([dict(m.named_buffers())[name] for m in models])
             for name, _ in self.template.named_buffers()
         }
-        decayed_columns = [s.columns for s in self.slots if s.name in decayed]
-        undecayed_columns = [s.columns for s in self.slots if s.name not in decayed]
-        self.optimizer = StackedAdamW(self.flat_RxN, decayed_columns, undecayed_columns, self.cfgs)
+        self.optimizer = StackedAdamW(self.flat_RxN, *decay_groups(self.slots), self.cfgs)
         del models, rows
         self._build_forward()
 
