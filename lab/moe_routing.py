@@ -22,7 +22,7 @@ from torch import Tensor
 import hyla
 from hyla.analysis.selection import final_value
 from hyla.models.transformer import MoE
-from hyla.runtime import cpu_model
+from hyla.sweep.groups import cpu_identity
 from hyla.textio import write_text_atomic
 from hyla.train.run.folder import FINAL_WEIGHTS, read_run
 
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     made = {
         "command": command.strip(),
         "commit": commit.strip(),
-        "machine": cpu_model(),
+        "machine": cpu_identity(),
+        "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "problems_per_split": args.problems,
         "seed": args.seed,
@@ -121,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         "# Where the MoE rows' routers send tokens (fuzzy logic, Table A1)",
         "",
-        f"Command `{made['command']}`, commit {made['commit']}, {made['machine']}, {made['date']}; "
-        f"{args.problems} fresh problems per split, every position; JSON beside this file.",
+        f"Command `{made['command']}`, commit {made['commit']}, {made['machine']}, torch {made['torch']}, "
+        f"{made['date']}; {args.problems} fresh problems per split (generator seed {args.seed}), every position; "
+        "JSON beside this file.",
+        "",
+        "Shares: each expert's fraction of the routed (token, choice) pairs, largest first; with top-2 routing 0.50 "
+        "means every token has that expert among its two. Top-1 p: the router's mean largest probability. "
+        "TV: total variation between the test and OOD shares. OOD R^2: the run's final evaluation (%).",
         "",
     ]
     write_text_atomic(args.out / "README.md", "\n".join(header + table(found)) + "\n")
