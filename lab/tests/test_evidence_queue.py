@@ -1,0 +1,73 @@
+"""lab/evidence_queue.py: the queue's every item is a sweep command the CLI accepts; two threads train their lists
+side by side into the records; a budget too short for a sweep starts none; bad input is one line."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hyla.cli import main as hyla_main
+from tiny import load_script, write_sweep
+
+LAB = Path(__file__).resolve().parents[1]
+SCRIPT = LAB / "evidence_queue.py"
+SRC = LAB.parent / "src"
+
+
+def test_every_queued_sweep_names_rows_and_values_its_sweep_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    threads = yaml.safe_load((LAB / "evidence_queue.yaml").read_text())["threads"]
+    sweeps = [[shlex.split(item)[0] for item in items] for items in threads]
+    assert not set(sweeps[0]) & set(sweeps[1])  # a sweep folder takes one writer: never in both threads
+    for items in threads:
+        for item in items:  # an unknown row, key or value is an error (exit 2); each item selects runs
+            assert hyla_main(["sweep", *shlex.split(item), "--emit-commands", "--root", str(tmp_path)]) == 0, item
+            assert capsys.readouterr().out.count("hyla train") >= 1, item
+
+
+def tiny_queue(tmp_path: Path) -> Path:
+    folders = []
+    for name in ("tiny_a", "tiny_b"):
+        spec = yaml.safe_load(
+            write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={}, seeds=[0, 1]).read_text()
+        )
+        spec["name"] = name
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        folders.append(path)
+    queue = {"threads": [[f"{folders[0]} --where seed=0", f"{folders[0]} --where seed=1"], [str(folders[1])]]}
+    path = tmp_path / "queue.yaml"
+    path.write_text(yaml.safe_dump(queue))
+    return path
+
+
+def test_two_threads_train_their_lists_into_the_records(tmp_path: Path) -> None:
+    script = load_script(SCRIPT)
+    queue, root, logs = tiny_queue(tmp_path), tmp_path / "runs", tmp_path / "logs"
+    args = ["--minutes", "10", "--queue", str(queue), "--root", str(root), "--src", str(SRC), "--logs", str(logs)]
+    assert script.main(args) == 0
+    finished = sorted(p.parent.relative_to(root).as_posix() for p in root.glob("*/*/model.safetensors"))
+    assert finished == ["tiny_a/hyla-seed0", "tiny_a/hyla-seed1", "tiny_b/hyla-seed0", "tiny_b/hyla-seed1"]
+    assert sorted(p.name for p in logs.iterdir()) == ["thread-0.log", "thread-1.log"]
+    assert "--max-minutes" in (logs / "thread-0.log").read_text()
+
+
+def test_too_little_time_left_starts_no_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = load_script(SCRIPT)
+    queue, root = tiny_queue(tmp_path), tmp_path / "runs"
+    monkeypatch.setattr(script.Queue, "minutes_left", lambda self: script.MIN_MINUTES - 1)
+    args = ["--minutes", "10", "--queue", str(queue), "--root", str(root), "--src", str(SRC), "--logs", str(tmp_path)]
+    assert script.main(args) == 0
+    assert not root.exists()
+    assert (tmp_path / "thread-1.log").read_text().startswith("not started")
+
+
+def test_bad_minutes_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    script = load_script(SCRIPT)
+    assert script.main(["--minutes", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--minutes" in err[0]
