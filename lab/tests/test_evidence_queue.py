@@ -4,6 +4,9 @@ side by side into the records; a budget too short for a sweep starts none; bad i
 from __future__ import annotations
 
 import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,14 @@ def test_bad_minutes_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert script.main(["--minutes", "1", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--minutes" in err[0]
+
+
+def test_a_signal_reaches_the_running_sweeps_and_starts_nothing_more(tmp_path: Path) -> None:
+    script = load_script(SCRIPT)
+    queue = script.Queue([["tiny --where seed=0"]], deadline=1e12, root=tmp_path, src=SRC, logs=tmp_path)
+    sweep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    queue.running.append(sweep)
+    queue.stop(signal.SIGTERM, None)
+    assert sweep.wait() == -signal.SIGTERM
+    queue.work(0)
+    assert (tmp_path / "thread-0.log").read_text().startswith("not started")
