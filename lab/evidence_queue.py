@@ -39,7 +39,7 @@ def frozen_source(rev: str) -> Path:
     ).stdout.strip()
     tree = REPO.parent / f"{REPO.name}-frozen-{sha}"
     if not tree.is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=REPO, check=True)
+        subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(tree), sha], cwd=REPO, check=True)
     return tree / "src"
 
 
