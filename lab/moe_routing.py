@@ -10,9 +10,7 @@ the in-distribution ones (total variation). Read off the runs' final weights thr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,17 +20,22 @@ from torch import Tensor
 import hyla
 from hyla.analysis.selection import final_value
 from hyla.models.transformer import MoE
-from hyla.sweep.groups import cpu_identity
+from hyla.sweep.groups import provenance
 from hyla.textio import write_text_atomic
 from hyla.train.run.folder import FINAL_WEIGHTS, read_run
+from hyla.train.sweeps import load_sweep
 
 LAB = Path(__file__).resolve().parent
 ROWS = ("softmax_moe", "linear_moe", "hyla_moe")
 SPLITS = ("test", "ood")
+#: a layer "concentrates" where one expert takes at least this share of the pairs (0.50: every token's top-2)
+CONCENTRATED = 0.45
+#: an expert "idles" at or below this share
+IDLE = 0.01
 
 
 def routed_shares(run_dir: Path, problems: int, seed: int) -> dict[str, list[dict[str, object]]]:
-    """Per split, per MoE layer: ``shares`` (each expert's share of the routed pairs, largest first) and
+    """Per split, per MoE layer: ``share_by_expert`` (each expert's share of the routed pairs),
     ``mean_prob_by_expert`` (the router's mean probability per expert) and ``top1`` (its mean largest probability),
     over all positions of ``problems`` fresh problems."""
     trained = hyla.load(run_dir)
@@ -66,6 +69,29 @@ def routed_shares(run_dir: Path, problems: int, seed: int) -> dict[str, list[dic
     return result
 
 
+def total_variation(test: dict, ood: dict) -> float:
+    return 0.5 * sum(abs(a - b) for a, b in zip(test["share_by_expert"], ood["share_by_expert"], strict=True))
+
+
+def summary(found: dict[str, dict]) -> list[str]:
+    """Per row, over its runs' layers (test split): how many concentrate, how many experts idle in each, and the
+    largest total variation between the test and OOD shares."""
+    lines = []
+    for row in ROWS:
+        entries = [e for e in found.values() if e["row"] == row]
+        layers = [layer for e in entries for layer in e["test"]]
+        if not layers:
+            continue
+        concentrated = sum(max(layer["share_by_expert"]) >= CONCENTRATED for layer in layers)
+        idle = [sum(share <= IDLE for share in layer["share_by_expert"]) for layer in layers]
+        tv = max(total_variation(t, o) for e in entries for t, o in zip(e["test"], e["ood"], strict=True))
+        lines.append(
+            f"- {row}: {len(entries)} runs, {len(layers)} layers; one expert at >= {CONCENTRATED:.2f} of the pairs in "
+            f"{concentrated}; experts at <= {IDLE:.0%} per layer {idle}; largest TV(test, OOD) {tv:.3f}"
+        )
+    return lines
+
+
 def table(found: dict[str, dict]) -> list[str]:
     lines = [
         "| run | OOD R^2 | layer | shares, test (largest first) | top-1 p, test | shares, OOD | TV(test, OOD) |",
@@ -73,13 +99,11 @@ def table(found: dict[str, dict]) -> list[str]:
     ]
     for name, entry in found.items():
         for layer, (test, ood) in enumerate(zip(entry["test"], entry["ood"], strict=True)):
-            test_E, ood_E = torch.tensor(test["share_by_expert"]), torch.tensor(ood["share_by_expert"])
-            tv = 0.5 * (test_E - ood_E).abs().sum().item()
+            test_E, ood_E = sorted(test["share_by_expert"], reverse=True), sorted(ood["share_by_expert"], reverse=True)
             score = f"{entry['ood_r2']:.2f}" if entry["ood_r2"] is not None else "-"
             lines.append(
-                f"| {name} | {score} | {layer} | {' '.join(f'{s:.2f}' for s in sorted(test_E.tolist(), reverse=True))}"
-                f" | {test['top1']:.2f} | {' '.join(f'{s:.2f}' for s in sorted(ood_E.tolist(), reverse=True))}"
-                f" | {tv:.3f} |"
+                f"| {name} | {score} | {layer} | {' '.join(f'{s:.2f}' for s in test_E)} | {test['top1']:.2f}"
+                f" | {' '.join(f'{s:.2f}' for s in ood_E)} | {total_variation(test, ood):.3f} |"
             )
     return lines
 
@@ -95,25 +119,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.problems < 1:
         print(f"--problems must be a positive integer, got {args.problems}", file=sys.stderr)
         return 2
-    runs = sorted(
-        d for d in (args.root / args.sweep).glob("*") if d.name.split("-")[0] in ROWS and (d / FINAL_WEIGHTS).is_file()
-    )
+    sweep = load_sweep(args.sweep)
+    row_of = {args.root / sweep.name / spec.name: spec.row for spec in sweep.runs(only=list(ROWS))}
+    runs = sorted(d for d in row_of if (d / FINAL_WEIGHTS).is_file())
     if not runs:
         print(f"no finished MoE run ({', '.join(ROWS)}) under {args.root / args.sweep}", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
     found = {
-        d.name: {**routed_shares(d, args.problems, args.seed), "ood_r2": final_value(read_run(d), "ood", "r2")}
+        d.name: {
+            "row": row_of[d],
+            **routed_shares(d, args.problems, args.seed),
+            "ood_r2": final_value(read_run(d), "ood", "r2"),
+        }
         for d in runs
     }
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=LAB).stdout
     command = "python lab/moe_routing.py " + " ".join(argv if argv is not None else sys.argv[1:])
     made = {
+        **provenance("cpu", mixture_of_experts=True),
         "command": command.strip(),
-        "commit": commit.strip(),
-        "machine": cpu_identity(),
-        "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
         "problems_per_split": args.problems,
         "seed": args.seed,
     }
@@ -122,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         "# Where the MoE rows' routers send tokens (fuzzy logic, Table A1)",
         "",
-        f"Command `{made['command']}`, commit {made['commit']}, {made['machine']}, torch {made['torch']}, "
-        f"{made['date']}; {args.problems} fresh problems per split (generator seed {args.seed}), every position; "
+        f"Command `{made['command']}`, commit {made['commit']}, {made['cpu']}, torch {made['versions']['torch']}, "
+        f"{made['date'][:10]}; {args.problems} fresh problems per split (generator seed {args.seed}), every position; "
         "JSON beside this file.",
         "",
         "Shares: each expert's fraction of the routed (token, choice) pairs, largest first; with top-2 routing 0.50 "
@@ -131,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         "TV: total variation between the test and OOD shares. OOD R^2: the run's final evaluation (%).",
         "",
     ]
-    write_text_atomic(args.out / "README.md", "\n".join(header + table(found)) + "\n")
-    print("\n".join(table(found)))
+    lines = [*summary(found), "", *table(found)]
+    write_text_atomic(args.out / "README.md", "\n".join(header + lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 
