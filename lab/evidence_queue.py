@@ -32,14 +32,14 @@ RUN_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "HYLA_CPU_MARCH": "x86-64-v3", "OMP_NU
 MIN_MINUTES = 3
 
 
-def frozen_source(rev: str) -> Path:
-    """The ``src`` of a detached worktree of ``rev`` beside this checkout, made if missing."""
+def frozen_source(rev: str, repo: Path = REPO) -> Path:
+    """The ``src`` of a detached worktree of ``rev`` beside the checkout ``repo``, made if missing."""
     sha = subprocess.run(
-        ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
+        ["git", "rev-parse", "--short", rev], cwd=repo, capture_output=True, text=True, check=True
     ).stdout.strip()
-    tree = REPO.parent / f"{REPO.name}-frozen-{sha}"
+    tree = repo.parent / f"{repo.name}-frozen-{sha}"
     if not tree.is_dir():
-        subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(tree), sha], cwd=REPO, check=True)
+        subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(tree), sha], cwd=repo, check=True)
     return tree / "src"
 
 

@@ -85,3 +85,29 @@ def test_a_signal_reaches_the_running_sweeps_and_starts_nothing_more(tmp_path: P
     assert sweep.wait() == -signal.SIGTERM
     queue.work(0)
     assert (tmp_path / "thread-0.log").read_text().startswith("not started")
+
+
+def test_frozen_source_is_a_detached_worktree_of_the_commit_that_later_edits_do_not_reach(tmp_path: Path) -> None:
+    queue = load_script(SCRIPT)
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    module = repo / "src" / "code.py"
+    module.write_text("VALUE = 1\n")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "--quiet")
+    git("add", "src")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    first = git("rev-parse", "--short", "HEAD")
+    src = queue.frozen_source("HEAD", repo)
+    assert src == tmp_path / f"repo-frozen-{first}" / "src"
+    module.write_text("VALUE = 2\n")  # an edit to the checkout, committed: the frozen tree keeps the first
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-am", "second")
+    assert (src / "code.py").read_text() == "VALUE = 1\n"
+    frozen_head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True, text=True)
+    assert frozen_head.stdout.strip() == first
+    assert queue.frozen_source(first, repo) == src  # the same commit again: the same tree, not a second one
+    assert queue.frozen_source("HEAD", repo) != src  # the new commit: a tree of its own
