@@ -120,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--problems must be a positive integer, got {args.problems}", file=sys.stderr)
         return 2
     sweep = load_sweep(args.sweep)
-    row_of = {args.root / sweep.name / spec.name: spec.row for spec in sweep.runs(only=list(ROWS))}
+    folder = args.root / sweep.name
+    row_of = {folder / spec.name: spec.row for spec in sweep.runs(only=list(ROWS))}
     runs = sorted(d for d in row_of if (d / FINAL_WEIGHTS).is_file())
     if not runs:
-        print(f"no finished MoE run ({', '.join(ROWS)}) under {args.root / args.sweep}", file=sys.stderr)
+        print(f"no finished MoE run ({', '.join(ROWS)}) under {folder}", file=sys.stderr)
         return 1
     torch.set_num_threads(1)
     found = {
