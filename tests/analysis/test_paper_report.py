@@ -213,9 +213,13 @@ def test_first_reaching_takes_the_earliest_step_at_or_above_the_level() -> None:
 
 
 def test_a_row_says_among_how_many_points_it_was_chosen_and_which_seeds_trained_on_a_gpu(tmp_path: Path) -> None:
+    """The choice compares only the points with the row's most finished seeds; a point with fewer (here one
+    seed with a higher test R^2) is counted apart, and the table says both."""
+    from hyla.analysis.paper_report import points_cell
     from hyla.analysis.selection import sweep_results
 
-    sweep_file = tiny_table_a1(tmp_path, {"hyla": {"model.attention": "hyla"}, "linear": {"model.attention": "linear"}})
+    rows_spec = {name: {"model.attention": name} for name in ("hyla", "linear", "softmax")}
+    sweep_file = tiny_table_a1(tmp_path, rows_spec)
     sweep = load_sweep(str(sweep_file))
     records = tmp_path / "sweeps" / "table_a1_tiny"
     for spec in sweep.runs(["hyla"]):
@@ -223,13 +227,22 @@ def test_a_row_says_among_how_many_points_it_was_chosen_and_which_seeds_trained_
     for spec in sweep.runs(["linear"]):
         if dict(spec.point)["train.lr"] == 0.001:
             fake_record(records, spec, test=0.9, ood=0.6)
+    for spec in sweep.runs(["softmax"]):
+        if dict(spec.point)["train.lr"] == 0.001 or spec.seed == 0:
+            fake_record(records, spec, test=0.99 if dict(spec.point)["train.lr"] == 0.003 else 0.9, ood=0.5)
     gpu_piece = {"commit": "abc1234", "machine": "m", "device": "NVIDIA H200", "date": "d", "wall_s": 6.0}
     hyla_seed1 = next(s for s in sweep.runs(["hyla"]) if s.seed == 1 and dict(s.point)["train.lr"] == 0.001)
     with (records / hyla_seed1.name / "made_by.jsonl").open("a") as f:
         f.write(json.dumps(gpu_piece) + "\n")
     rows = {r.row: r for r in sweep_results(sweep, tmp_path / "sweeps").rows}
-    assert (rows["hyla"].points_run, rows["hyla"].points_planned) == (2, 2)
-    assert (rows["linear"].points_run, rows["linear"].points_planned) == (1, 2)
+    counts = {name: (r.points_compared, r.points_with_fewer_seeds, r.points_planned) for name, r in rows.items()}
+    assert counts == {"hyla": (2, 0, 2), "linear": (1, 0, 2), "softmax": (1, 1, 2)}
+    assert (dict(rows["softmax"].point)["train.lr"], rows["softmax"].seeds) == (0.001, 3)
+    assert [points_cell(rows[name]) for name in ("hyla", "linear", "softmax")] == [
+        "2 of 2 points",
+        "1 of 2 points",
+        "1 of 2 points (1 more with fewer seeds)",
+    ]
     chosen_lr = dict(rows["hyla"].point)["train.lr"]
     assert rows["hyla"].partly_gpu == (1 if chosen_lr == 0.001 else 0) and rows["linear"].partly_gpu == 0
 

@@ -223,8 +223,10 @@ def seeds_cell(r: RowResult) -> str:
 
 
 def points_cell(r: RowResult) -> str:
-    """Among how many grid points, of those the sweep plans, the row's point was chosen."""
-    return f"{r.points_run} of {r.points_planned} points"
+    """Among how many grid points, of those the sweep plans, the row's point was chosen, and how many more have
+    a finished seed but too few to be compared."""
+    fewer = f" ({r.points_with_fewer_seeds} more with fewer seeds)" if r.points_with_fewer_seeds else ""
+    return f"{r.points_compared} of {r.points_planned} points{fewer}"
 
 
 def sweep_section(sweep: Sweep, root: Path, figures: Path, latents: int = LATENT_PROBLEMS) -> str:

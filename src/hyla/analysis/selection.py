@@ -47,8 +47,10 @@ class RowResult:
     status: str = ""
     #: the chosen grid point's runs that have records
     runs: list[RunRecord] = field(default_factory=list)
-    #: the row's grid points with a finished seed, which the choice was made among, and all it plans
-    points_run: int = 0
+    #: the grid points the choice compared (those with the row's most finished seeds), the points with a
+    #: finished seed but fewer (left out of the choice), and all the row plans
+    points_compared: int = 0
+    points_with_fewer_seeds: int = 0
     points_planned: int = 0
     #: finished runs at the chosen point that trained some of their steps on a GPU (TF32, compiled, another data
     #: stream from the switch on): the row's numbers are then not all-CPU ones
@@ -133,6 +135,7 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                 continue
             # a grid point with fewer finished seeds must not win on one lucky seed: compare equals first
             _, point, specs, ood, n = max(candidates, key=lambda c: (c[4], c[0]))
+            compared = sum(c[4] == n for c in candidates)
             _, test = stats(specs, "test")
             chosen = [loaded[s.name] for s in specs if s.name in loaded]
             on_gpu = sum(trained_on_gpu(records / s.name) for s in specs if s.name in done)
@@ -145,7 +148,8 @@ def sweep_results(sweep: Sweep, root: Path) -> SweepResults:
                     ood,
                     paper.get((row, point)),
                     runs=chosen,
-                    points_run=len(candidates),
+                    points_compared=compared,
+                    points_with_fewer_seeds=len(candidates) - compared,
                     points_planned=planned[setting],
                     partly_gpu=on_gpu,
                     across=setting,
