@@ -1,7 +1,7 @@
 """Which grid points of a sweep's rows earn seeds beyond seed 0: the points whose finished seed 0 beats, by the
-in-distribution validation metric (split ``test``, never OOD), the seed 0 of the point the row has its most seeds
-at. Prints one ``hyla sweep`` command per such point (the seeds it still lacks), so a grid searched at seed 0
-first grows its seeds only where a point could take over the row.
+in-distribution validation metric (split ``test``, never OOD), the seed 0 of the point the report chooses for the
+row (``sweep_results``: the most finished seeds, then test). Prints one ``hyla sweep`` command per such point (the
+seeds it still lacks), so a grid searched at seed 0 first grows its seeds only where a point could take over the row.
 
     python lab/next_seeds.py                                     # Table A1 fuzzy's ablation rows, lab/runs
     python lab/next_seeds.py --sweep table_a1_fuzzy --rows hyla_plus --root lab/runs
@@ -46,16 +46,16 @@ def _seed0(found: SweepResults, row: str, point: tuple) -> float | None:
 
 
 def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
-    """Per row, the points whose finished seed 0 beats the seed 0 of the row's point with the most finished seeds."""
+    """Per row (and setting of the sweep's ``across`` keys), the points whose finished seed 0 beats the seed 0 of
+    the point the report chose: among equally seeded points, the one with the better test mean."""
     out = []
-    for row in rows:
-        points = [(point, specs) for (r, point), specs in found.by_point.items() if r == row]
-        finished = {point: sum(s.name in found.done for s in specs) for point, specs in points}
-        incumbent = max(finished, key=lambda p: finished[p], default=None)
-        if incumbent is None or finished[incumbent] == 0 or (best := _seed0(found, row, incumbent)) is None:
+    for result in found.rows:
+        if result.row not in rows or not result.point or (best := _seed0(found, result.row, result.point)) is None:
             continue
-        for point, specs in points:
-            if point == incumbent or (value := _seed0(found, row, point)) is None or value <= best:
+        for (row, point), specs in found.by_point.items():
+            if row != result.row or point == result.point or not set(result.across) <= set(point):
+                continue
+            if (value := _seed0(found, row, point)) is None or value <= best:
                 continue
             missing = [s.seed for s in specs if s.name not in found.done]
             if missing:
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     found = sweep_results(sweep, args.root)
     chosen = candidates(found, rows)
     for c in chosen:
-        print(f"# {c.row}: seed 0 test {c.seed0:.2f} > {c.incumbent:.2f} at its most-seeded point")
+        print(f"# {c.row}: seed 0 test {c.seed0:.2f} > {c.incumbent:.2f} at the point the report chose")
         print(command(sweep.name, c))
     if not chosen:
-        print("# no point's seed 0 beats its row's most-seeded point yet (or none has finished)")
+        print("# no point's seed 0 beats its row's chosen point yet (or none has finished)")
     return 0
 
 
