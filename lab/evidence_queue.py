@@ -1,7 +1,9 @@
 """Start or resume the evidence runs: one ``hyla sweep`` per CPU thread at a time, from a frozen worktree of a
 commit (so edits to the checkout cannot reach a run mid-way), into this checkout's records, each thread working
-through its list in ``lab/evidence_queue.yaml`` until the time budget is spent. Every sweep stops with checkpoints
-before the budget ends; finished runs are skipped, so the next session runs the same command again.
+through its list in ``lab/evidence_queue.yaml`` until the time budget is spent. An item is a sweep's arguments, or
+``{next_seeds: ARGS}``: at its turn, ``lab/next_seeds.py ARGS`` (of the frozen commit) on the records so far, and
+each sweep it prints in turn. Every sweep stops with checkpoints before the budget ends; finished runs are skipped,
+so the next session runs the same command again.
 
     nohup python lab/evidence_queue.py --minutes 120 > /tmp/queue.log 2>&1 &
     python lab/evidence_queue.py --minutes 120 --dry-run        # the commands, nothing started
@@ -20,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 import yaml
 
@@ -43,16 +46,33 @@ def frozen_source(rev: str, repo: Path = REPO) -> Path:
     return tree / "src"
 
 
+#: an item that asks ``lab/next_seeds.py`` which seeds the records so far have earned
+NEXT_SEEDS = "next_seeds"
+Item = str | dict[str, str]
+
+
+def bad_item(item: object) -> str | None:
+    """Why ``item`` is not a queue item (None when it is one)."""
+    if isinstance(item, str) or (isinstance(item, dict) and list(item) == [NEXT_SEEDS]):
+        return None
+    return f"expected a sweep's arguments or {{{NEXT_SEEDS}: ARGS}}, got {item!r}"
+
+
 def sweep_command(item: str, minutes: int, root: Path) -> list[str]:
     budget = ["--max-minutes", str(minutes), "--root", str(root)]
     return [sys.executable, "-m", "hyla", "sweep", *shlex.split(item), "--jobs", "1", *budget]
 
 
+def next_seeds_command(args: str, root: Path, src: Path) -> list[str]:
+    """``lab/next_seeds.py`` of the tree ``src`` is in, on the records under ``root``."""
+    return [sys.executable, str(src.parent / "lab" / "next_seeds.py"), *shlex.split(args), "--root", str(root)]
+
+
 class Queue:
     """The threads' lists worked through side by side until ``deadline`` (``time.monotonic``)."""
 
-    def __init__(self, threads: list[list[str]], deadline: float, root: Path, src: Path, logs: Path) -> None:
-        self.threads, self.deadline, self.root, self.logs = threads, deadline, root, logs
+    def __init__(self, threads: list[list[Item]], deadline: float, root: Path, src: Path, logs: Path) -> None:
+        self.threads, self.deadline, self.root, self.src, self.logs = threads, deadline, root, src, logs
         self.env = {**os.environ, **RUN_ENV, "PYTHONPATH": str(src)}
         self.running: list[subprocess.Popen] = []
         self.stopping = threading.Event()
@@ -64,19 +84,39 @@ class Queue:
     def work(self, index: int) -> None:
         with open(self.logs / f"thread-{index}.log", "a") as log:
             for item in self.threads[index]:
-                left = self.minutes_left()
-                if self.stopping.is_set() or left < MIN_MINUTES:
-                    print(f"not started ({left} min left): hyla sweep {item}", file=log, flush=True)
-                    continue
-                command = sweep_command(item, left, self.root)
-                print(f"{time.strftime('%H:%M:%S')} {left} min: {shlex.join(command)}", file=log, flush=True)
-                proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-                self.running.append(proc)
-                if self.stopping.is_set():  # a signal that came while it started
-                    proc.terminate()
-                if proc.wait() != 0:
-                    self.failed.append(f"exit {proc.returncode}: hyla sweep {item}")
-                self.running.remove(proc)
+                for sweep in self.sweeps(item, log):
+                    left = self.minutes_left()
+                    if self.stopping.is_set() or left < MIN_MINUTES:
+                        print(f"not started ({left} min left): hyla sweep {sweep}", file=log, flush=True)
+                        continue
+                    self.train(sweep, left, log)
+
+    def sweeps(self, item: Item, log: TextIO) -> list[str]:
+        """The sweeps an item stands for: itself, or those ``lab/next_seeds.py`` prints now (nothing once the
+        budget is spent)."""
+        if isinstance(item, str):
+            return [item]
+        if self.stopping.is_set() or self.minutes_left() < MIN_MINUTES:
+            return []
+        command = next_seeds_command(item[NEXT_SEEDS], self.root, self.src)
+        print(f"{time.strftime('%H:%M:%S')}: {shlex.join(command)}", file=log, flush=True)
+        done = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True)
+        print(done.stdout + done.stderr, end="", file=log, flush=True)
+        if done.returncode != 0:
+            self.failed.append(f"exit {done.returncode}: next_seeds.py {item[NEXT_SEEDS]}")
+            return []
+        return [line.removeprefix("hyla sweep ") for line in done.stdout.splitlines() if line.startswith("hyla sweep ")]
+
+    def train(self, sweep: str, minutes: int, log: TextIO) -> None:
+        command = sweep_command(sweep, minutes, self.root)
+        print(f"{time.strftime('%H:%M:%S')} {minutes} min: {shlex.join(command)}", file=log, flush=True)
+        proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.running.append(proc)
+        if self.stopping.is_set():  # a signal that came while it started
+            proc.terminate()
+        if proc.wait() != 0:
+            self.failed.append(f"exit {proc.returncode}: hyla sweep {sweep}")
+        self.running.remove(proc)
 
     def stop(self, signum: int, _frame: FrameType | None) -> None:
         """Pass the signal on: each sweep stops with checkpoints; nothing more starts."""
@@ -109,14 +149,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--minutes must be at least {MIN_MINUTES}, got {args.minutes}", file=sys.stderr)
         return 2
     threads = yaml.safe_load(args.queue.read_text())["threads"]
+    for index, items in enumerate(threads):
+        for position, item in enumerate(items):
+            if (why := bad_item(item)) is not None:
+                print(f"{args.queue}: thread {index}, item {position}: {why}", file=sys.stderr)
+                return 2
     if args.dry_run:
         env = " ".join(f"{k}={v}" for k, v in RUN_ENV.items())
+        root = args.root.resolve()
         for index, items in enumerate(threads):
             print(
                 f"thread {index} ({env} PYTHONPATH=<frozen {args.rev}>/src; --max-minutes: what is left at its start):"
             )
             for item in items:
-                print("  " + shlex.join(["python", *sweep_command(item, args.minutes, args.root.resolve())[1:]]))
+                if isinstance(item, str):
+                    print("  " + shlex.join(["python", *sweep_command(item, args.minutes, root)[1:]]))
+                else:
+                    command = next_seeds_command(item[NEXT_SEEDS], root, REPO / "src")
+                    print("  " + shlex.join(["python", *command[1:]]) + "   # then each sweep it prints")
         return 0
     deadline = time.monotonic() + 60 * args.minutes
     src = args.src.resolve() if args.src else frozen_source(args.rev)

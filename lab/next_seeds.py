@@ -1,7 +1,8 @@
-"""Which grid points of a sweep's rows earn seeds beyond seed 0: the points whose finished seed 0 beats, by the
-in-distribution validation metric (split ``test``, never OOD), the seed 0 of the point the report chooses for the
-row (``sweep_results``: the most finished seeds, then test). Prints one ``hyla sweep`` command per such point (the
-seeds it still lacks), so a grid searched at seed 0 first grows its seeds only where a point could take over the row.
+"""Which grid points of a sweep's rows earn seeds beyond seed 0: the point the report chooses for the row
+(``sweep_results``: the most finished seeds, then the in-distribution validation metric, split ``test``, never OOD)
+once no seed 0 of the row is still training, and the points whose finished seed 0 beats the chosen point's seed 0 by
+that metric. Prints one ``hyla sweep`` command per such point (the seeds it still lacks), so a grid searched at seed 0
+first grows its seeds only at the chosen point and where a point could take over the row.
 
     python lab/next_seeds.py                                     # Table A1 fuzzy's ablation rows, lab/runs
     python lab/next_seeds.py --sweep table_a1_fuzzy --rows hyla_plus --root lab/runs
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyla.analysis.selection import SweepResults, final_value, paper_column, sweep_results
-from hyla.train.sweeps import load_sweep
+from hyla.train.sweeps import RunSpec, load_sweep
 
 LAB = Path(__file__).resolve().parent
 #: the ablation rows of Table A1, whose points beyond lr 1e-3 / wd 0.1 run at seed 0 first
@@ -35,6 +36,8 @@ class Candidate:
     seed0: float
     incumbent: float
     missing: list[int]
+    #: the row's chosen point itself (its seed 0 is the incumbent)
+    chosen: bool = False
 
 
 def _seed0(found: SweepResults, row: str, point: tuple) -> float | None:
@@ -45,37 +48,55 @@ def _seed0(found: SweepResults, row: str, point: tuple) -> float | None:
     return None
 
 
+def _missing(found: SweepResults, specs: list[RunSpec]) -> list[int]:
+    return [s.seed for s in specs if s.name not in found.done]
+
+
 def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
-    """Per row (and setting of the sweep's ``across`` keys), the points whose finished seed 0 beats the seed 0 of
-    the point the report chose: among equally seeded points, the one with the better test mean."""
+    """Per row (and setting of the sweep's ``across`` keys): the point the report chose (among equally seeded
+    points, the one with the better test mean), for the seeds it lacks, once none of the row's seed 0 runs is still
+    training (one that finishes could take the choice over); then the points whose finished seed 0 beats its."""
     out = []
     for result in found.rows:
         if result.row not in rows or not result.point or (best := _seed0(found, result.row, result.point)) is None:
             continue
-        for (row, point), specs in found.by_point.items():
-            if row != result.row or point == result.point or not set(result.across) <= set(point):
+        points = [
+            (point, specs)
+            for (row, point), specs in found.by_point.items()
+            if row == result.row and set(result.across) <= set(point)
+        ]
+        training = [s for _, specs in points for s in specs if s.seed == 0 and s.name in found.loaded]
+        missing = _missing(found, found.by_point[(result.row, result.point)])
+        if missing and all(s.name in found.done for s in training):
+            out.append(Candidate(result.row, result.point, best, best, missing, chosen=True))
+        for point, specs in points:
+            if point == result.point:
                 continue
-            if (value := _seed0(found, row, point)) is None or value <= best:
+            if (value := _seed0(found, result.row, point)) is None or value <= best:
                 continue
-            missing = [s.seed for s in specs if s.name not in found.done]
-            if missing:
-                out.append(Candidate(row, point, value, best, missing))
+            if missing := _missing(found, specs):
+                out.append(Candidate(result.row, point, value, best, missing))
     return out
 
 
 def command(sweep: str, c: Candidate) -> str:
-    """The ``hyla sweep`` line that trains the point's missing seeds (keys as the sweep file names them)."""
+    """The ``hyla sweep`` line that trains the point's missing seeds (``sweep`` as given: a name or a file; keys as
+    the sweep file names them)."""
     where = " ".join(f"--where {key}={value}" for key, value in c.point)
     seeds = ",".join(str(s) for s in c.missing)
     return f"hyla sweep {sweep} --only {c.row} {where} --where seed={seeds}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sweep", default="table_a1_fuzzy", help="a packaged sweep's name or a sweep file")
     p.add_argument("--rows", default=",".join(ABLATION_ROWS), help="comma-separated rows of the sweep")
     p.add_argument("--root", type=Path, default=LAB / "runs", help="where the sweep's records are")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep)
     rows = tuple(r for r in args.rows.split(",") if r)
     unknown = [r for r in rows if r not in sweep.rows]
@@ -85,10 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     found = sweep_results(sweep, args.root)
     chosen = candidates(found, rows)
     for c in chosen:
-        print(f"# {c.row}: seed 0 test {c.seed0:.2f} > {c.incumbent:.2f} at the point the report chose")
-        print(command(sweep.name, c))
+        if c.chosen:
+            print(f"# {c.row}: the point the report chose (seed 0 test {c.seed0:.2f}), no seed 0 of the row training")
+        else:
+            print(f"# {c.row}: seed 0 test {c.seed0:.2f} > {c.incumbent:.2f} at the point the report chose")
+        print(command(args.sweep, c))
     if not chosen:
-        print("# no point's seed 0 beats its row's chosen point yet (or none has finished)")
+        print("# no point earns seeds yet (chosen points have theirs or a seed 0 still trains; no seed 0 beats them)")
     return 0
 
 

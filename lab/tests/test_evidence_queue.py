@@ -1,5 +1,6 @@
-"""lab/evidence_queue.py: the queue's every item is a sweep command the CLI accepts; two threads train their lists
-side by side into the records; a budget too short for a sweep starts none; bad input is one line."""
+"""lab/evidence_queue.py: the queue's every item is a sweep command the CLI accepts or a ``next_seeds`` call it
+makes; two threads train their lists side by side into the records, a ``next_seeds`` item the seeds the records
+have earned by then; a budget too short for a sweep starts none; bad input is one line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tiny import load_script, write_sweep
 
 LAB = Path(__file__).resolve().parents[1]
 SCRIPT = LAB / "evidence_queue.py"
+NEXT_SEEDS = LAB / "next_seeds.py"
 SRC = LAB.parent / "src"
 
 
@@ -24,10 +26,20 @@ def test_every_queued_sweep_names_rows_and_values_its_sweep_has(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     threads = yaml.safe_load((LAB / "evidence_queue.yaml").read_text())["threads"]
-    sweeps = [[shlex.split(item)[0] for item in items] for items in threads]
+    next_seeds = load_script(NEXT_SEEDS)
+
+    def sweep_of(item: str | dict[str, str]) -> str:
+        if isinstance(item, str):
+            return shlex.split(item)[0]
+        return next_seeds.parser().parse_args(shlex.split(item["next_seeds"])).sweep
+
+    sweeps = [[sweep_of(item) for item in items] for items in threads]
     assert not set(sweeps[0]) & set(sweeps[1])  # a sweep folder takes one writer: never in both threads
     for items in threads:
-        for item in items:  # an unknown row, key or value is an error (exit 2); each item selects runs
+        for item in items:  # an unknown row, key or value is an error (exit 2); each sweep item selects runs
+            if isinstance(item, dict):
+                assert next_seeds.main([*shlex.split(item["next_seeds"]), "--root", str(tmp_path)]) == 0, item
+                continue
             assert hyla_main(["sweep", *shlex.split(item), "--emit-commands", "--root", str(tmp_path)]) == 0, item
             assert capsys.readouterr().out.count("hyla train") >= 1, item
 
@@ -57,6 +69,28 @@ def test_two_threads_train_their_lists_into_the_records(tmp_path: Path) -> None:
     assert finished == ["tiny_a/hyla-seed0", "tiny_a/hyla-seed1", "tiny_b/hyla-seed0", "tiny_b/hyla-seed1"]
     assert sorted(p.name for p in logs.iterdir()) == ["thread-0.log", "thread-1.log"]
     assert "--max-minutes" in (logs / "thread-0.log").read_text()
+
+
+def test_a_next_seeds_item_trains_the_seeds_the_records_earned_when_the_thread_reaches_it(tmp_path: Path) -> None:
+    script = load_script(SCRIPT)
+    sweep = write_sweep(tmp_path, rows={"hyla": {"model.attention": "hyla"}}, grid={"train.lr": [0.001]}, seeds=[0, 1])
+    queue, root = tmp_path / "queue.yaml", tmp_path / "runs"
+    # at the queue's start no seed has finished, so only its turn (after seed 0) can earn seed 1
+    items = [f"{sweep} --where seed=0", {"next_seeds": f"--sweep {sweep} --rows hyla"}]
+    queue.write_text(yaml.safe_dump({"threads": [items]}))
+    args = ["--minutes", "10", "--queue", str(queue), "--root", str(root), "--src", str(SRC), "--logs", str(tmp_path)]
+    assert script.main(args) == 0
+    finished = sorted(p.parent.name for p in (root / "tiny").glob("*/model.safetensors"))
+    assert finished == ["hyla-lr0.001-seed0", "hyla-lr0.001-seed1"]
+
+
+def test_a_bad_queue_item_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = load_script(SCRIPT)
+    queue = tmp_path / "queue.yaml"
+    queue.write_text(yaml.safe_dump({"threads": [["tiny --where seed=0", {"next_seed": "--rows hyla"}]]}))
+    assert script.main(["--minutes", "10", "--queue", str(queue), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "thread 0, item 1" in err[0] and "next_seeds" in err[0]
 
 
 def test_too_little_time_left_starts_no_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

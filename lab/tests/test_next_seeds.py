@@ -54,8 +54,39 @@ def test_only_points_whose_seed_0_beats_the_incumbent_by_test_get_a_command(
     )
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert commands == [
-        "hyla sweep grid --only hyla_softmax --where train.lr=0.003 --where train.weight_decay=0.1 --where seed=1,2",
-        "hyla sweep grid --only linear --where train.lr=0.003 --where train.weight_decay=0.1 --where seed=1,2",
+        f"hyla sweep {sweep_file} --only {row} --where train.lr=0.003 --where train.weight_decay=0.1 --where seed=1,2"
+        for row in ("hyla_softmax", "linear")
     ]
     assert script.main(["--sweep", str(sweep_file), "--rows", "hyla_plus", "--root", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err.strip() == "--rows: hyla_plus not in grid; its rows: hyla, hyla_softmax, linear"
+
+
+def test_the_chosen_point_earns_its_missing_seeds_once_no_seed_0_of_the_row_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_file = tmp_path / "grid.yaml"
+    grid = {"train.lr": [0.001, 0.003]}
+    rows = {"linear": {"model.attention": "linear"}}
+    sweep_file.write_text(
+        yaml.safe_dump({"name": "grid", "config": "fuzzy_logic", "rows": rows, "grid": grid, "seeds": [0, 1, 2]})
+    )
+    sweep = load_sweep(str(sweep_file))
+    records = tmp_path / "runs" / "grid"
+    seed0 = {dict(spec.point)["train.lr"]: spec for spec in sweep.runs() if spec.seed == 0}
+    fake_record(records, seed0[0.001], test=0.90, ood=0.5)
+    fake_record(records, seed0[0.003], test=0.95, ood=0.1)
+    still_training = records / seed0[0.003].name / "metrics.jsonl"
+    finished = still_training.read_text()
+    still_training.write_text(finished.replace('"step": 10', '"step": 5'))
+    script = load_script(SCRIPT)
+    args = ["--sweep", str(sweep_file), "--rows", "linear", "--root", str(tmp_path / "runs")]
+
+    def commands() -> list[str]:
+        assert script.main(args) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+
+    # lr 1e-3 is chosen for now, but lr 3e-3's seed 0 could still take the row over: no seeds for either yet
+    assert commands() == []
+    still_training.write_text(finished)
+    # both finished at one seed each: the better test chooses (OOD plays no part), and the chosen point earns its seeds
+    assert commands() == [f"hyla sweep {sweep_file} --only linear --where train.lr=0.003 --where seed=1,2"]
