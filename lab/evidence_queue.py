@@ -96,7 +96,8 @@ class Queue:
         budget is spent)."""
         if isinstance(item, str):
             return [item]
-        if self.stopping.is_set() or self.minutes_left() < MIN_MINUTES:
+        if self.stopping.is_set() or (left := self.minutes_left()) < MIN_MINUTES:
+            print(f"not started ({left} min left): next_seeds.py {item[NEXT_SEEDS]}", file=log, flush=True)
             return []
         command = next_seeds_command(item[NEXT_SEEDS], self.root, self.src)
         print(f"{time.strftime('%H:%M:%S')}: {shlex.join(command)}", file=log, flush=True)

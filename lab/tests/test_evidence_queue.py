@@ -101,6 +101,9 @@ def test_too_little_time_left_starts_no_sweep(tmp_path: Path, monkeypatch: pytes
     assert script.main(args) == 0
     assert not root.exists()
     assert (tmp_path / "thread-1.log").read_text().startswith("not started")
+    queue.write_text(yaml.safe_dump({"threads": [[{"next_seeds": "--rows hyla"}]]}))
+    assert script.main(args) == 0  # a next_seeds item is not asked either
+    assert (tmp_path / "thread-0.log").read_text().splitlines()[-1].startswith("not started")
 
 
 def test_bad_minutes_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
