@@ -85,19 +85,23 @@ class Queue:
         with open(self.logs / f"thread-{index}.log", "a") as log:
             for item in self.threads[index]:
                 for sweep in self.sweeps(item, log):
-                    left = self.minutes_left()
-                    if self.stopping.is_set() or left < MIN_MINUTES:
-                        print(f"not started ({left} min left): hyla sweep {sweep}", file=log, flush=True)
-                        continue
-                    self.train(sweep, left, log)
+                    if (left := self.minutes_to_start(f"hyla sweep {sweep}", log)) is not None:
+                        self.train(sweep, left, log)
+
+    def minutes_to_start(self, label: str, log: TextIO) -> int | None:
+        """The minutes left for what ``label`` names, or None (said in the log) when it must not start."""
+        left = self.minutes_left()
+        if self.stopping.is_set() or left < MIN_MINUTES:
+            print(f"not started ({left} min left): {label}", file=log, flush=True)
+            return None
+        return left
 
     def sweeps(self, item: Item, log: TextIO) -> list[str]:
         """The sweeps an item stands for: itself, or those ``lab/next_seeds.py`` prints now (nothing once the
         budget is spent)."""
         if isinstance(item, str):
             return [item]
-        if self.stopping.is_set() or (left := self.minutes_left()) < MIN_MINUTES:
-            print(f"not started ({left} min left): next_seeds.py {item[NEXT_SEEDS]}", file=log, flush=True)
+        if self.minutes_to_start(f"next_seeds.py {item[NEXT_SEEDS]}", log) is None:
             return []
         command = next_seeds_command(item[NEXT_SEEDS], self.root, self.src)
         print(f"{time.strftime('%H:%M:%S')}: {shlex.join(command)}", file=log, flush=True)
