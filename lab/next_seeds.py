@@ -1,8 +1,9 @@
 """Which grid points of a sweep's rows earn seeds beyond seed 0: the point the report chooses for the row
 (``sweep_results``: the most finished seeds, then the in-distribution validation metric, split ``test``, never OOD)
 once no seed 0 of the row is still training, and the points whose finished seed 0 beats the chosen point's seed 0 by
-that metric. Prints one ``hyla sweep`` command per such point (the seeds it still lacks), so a grid searched at seed 0
-first grows its seeds only at the chosen point and where a point could take over the row.
+that metric, unless the seeds such a point has finished already keep it below the chosen point's final mean even if
+its missing seeds all scored 100%. Prints one ``hyla sweep`` command per such point (the seeds it still lacks), so a
+grid searched at seed 0 first grows its seeds only at the chosen point and where a point could take over the row.
 
     python lab/next_seeds.py                                     # Table A1 fuzzy's ablation rows, lab/runs
     python lab/next_seeds.py --sweep table_a1_fuzzy --rows hyla_plus --root lab/runs
@@ -19,6 +20,8 @@ from hyla.analysis.selection import SweepResults, final_value, paper_column, swe
 from hyla.train.sweeps import RunSpec, load_sweep
 
 LAB = Path(__file__).resolve().parent
+#: the test metrics (R^2, accuracy) in %: no missing seed can score above it
+METRIC_CEILING = 100.0
 #: the ablation rows of Table A1, whose points beyond lr 1e-3 / wd 0.1 run at seed 0 first
 ABLATION_ROWS = (
     "linear_rmshead",
@@ -52,10 +55,18 @@ def _missing(found: SweepResults, specs: list[RunSpec]) -> list[int]:
     return [s.seed for s in specs if s.name not in found.done]
 
 
+def _best_case_mean(found: SweepResults, specs: list[RunSpec]) -> float:
+    """The point's test mean over its planned seeds if every missing seed scored ``METRIC_CEILING``."""
+    metric = paper_column(found.task).metric
+    finished = [final_value(found.loaded[s.name], "test", metric) or 0.0 for s in specs if s.name in found.done]
+    return (sum(finished) + METRIC_CEILING * (len(specs) - len(finished))) / len(specs)
+
+
 def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
     """Per row (and setting of the sweep's ``across`` keys): the point the report chose (among equally seeded
     points, the one with the better test mean), for the seeds it lacks, once none of the row's seed 0 runs is still
-    training (one that finishes could take the choice over); then the points whose finished seed 0 beats its."""
+    training (one that finishes could take the choice over); then the points whose finished seed 0 beats its and
+    which could still overtake the chosen point's mean once that point has all its seeds."""
     out = []
     for result in found.rows:
         if result.row not in rows or not result.point or (best := _seed0(found, result.row, result.point)) is None:
@@ -66,13 +77,15 @@ def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
             if row == result.row and set(result.across) <= set(point)
         ]
         training = [s for _, specs in points for s in specs if s.seed == 0 and s.name in found.loaded]
-        missing = _missing(found, found.by_point[(result.row, result.point)])
-        if missing and all(s.name in found.done for s in training):
-            out.append(Candidate(result.row, result.point, best, best, missing, chosen=True))
+        chosen_missing = _missing(found, found.by_point[(result.row, result.point)])
+        if chosen_missing and all(s.name in found.done for s in training):
+            out.append(Candidate(result.row, result.point, best, best, chosen_missing, chosen=True))
         for point, specs in points:
             if point == result.point:
                 continue
             if (value := _seed0(found, result.row, point)) is None or value <= best:
+                continue
+            if not chosen_missing and result.test is not None and _best_case_mean(found, specs) <= result.test[0]:
                 continue
             if missing := _missing(found, specs):
                 out.append(Candidate(result.row, point, value, best, missing))

@@ -90,3 +90,35 @@ def test_the_chosen_point_earns_its_missing_seeds_once_no_seed_0_of_the_row_trai
     still_training.write_text(finished)
     # both finished at one seed each: the better test chooses (OOD plays no part), and the chosen point earns its seeds
     assert commands() == [f"hyla sweep {sweep_file} --only linear --where train.lr=0.003 --where seed=1,2"]
+
+
+@pytest.mark.parametrize(("seed_1_test", "earns_seed_2"), [(0.90, False), (0.97, True)])
+def test_a_point_whose_finished_seeds_cannot_overtake_the_chosen_mean_earns_no_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seed_1_test: float, earns_seed_2: bool
+) -> None:
+    sweep_file = tmp_path / "grid.yaml"
+    rows = {"linear": {"model.attention": "linear"}}
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "grid",
+                "config": "fuzzy_logic",
+                "rows": rows,
+                "grid": {"train.lr": [0.001, 0.003]},
+                "seeds": [0, 1, 2],
+            }
+        )
+    )
+    records = tmp_path / "runs" / "grid"
+    for spec in load_sweep(str(sweep_file)).runs():
+        if dict(spec.point)["train.lr"] == 0.001:  # chosen: three seeds, test mean 98%
+            fake_record(records, spec, test=(0.97, 0.98, 0.99)[spec.seed], ood=0.5)
+        elif spec.seed < 2:  # seed 0 beats the chosen seed 0; seed 1 decides whether a perfect seed 2 could win
+            fake_record(records, spec, test=0.99 if spec.seed == 0 else seed_1_test, ood=0.5)
+    script = load_script(SCRIPT)
+    assert script.main(["--sweep", str(sweep_file), "--rows", "linear", "--root", str(tmp_path / "runs")]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    # (99 + 90 + 100) / 3 = 96.3 cannot pass 98; (99 + 97 + 100) / 3 = 98.7 can
+    assert commands == (
+        [f"hyla sweep {sweep_file} --only linear --where train.lr=0.003 --where seed=2"] if earns_seed_2 else []
+    )
