@@ -55,11 +55,11 @@ def _missing(found: SweepResults, specs: list[RunSpec]) -> list[int]:
     return [s.seed for s in specs if s.name not in found.done]
 
 
-def _best_case_mean(found: SweepResults, specs: list[RunSpec]) -> float:
-    """The point's test mean over its planned seeds if every missing seed scored ``METRIC_CEILING``."""
-    metric = paper_column(found.task).metric
-    finished = [final_value(found.loaded[s.name], "test", metric) or 0.0 for s in specs if s.name in found.done]
-    return (sum(finished) + METRIC_CEILING * (len(specs) - len(finished))) / len(specs)
+def _best_case_mean(found: SweepResults, row: str, point: tuple) -> float:
+    """The point's test mean over its planned seeds (from the report's grid-point line) if every missing seed
+    scored ``METRIC_CEILING``."""
+    done, planned, test = next((n, m, t) for r, p, n, m, t, _ in found.points if (r, p) == (row, point))
+    return ((test[0] * done if test else 0.0) + METRIC_CEILING * (planned - done)) / planned
 
 
 def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
@@ -85,7 +85,11 @@ def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
                 continue
             if (value := _seed0(found, result.row, point)) is None or value <= best:
                 continue
-            if not chosen_missing and result.test is not None and _best_case_mean(found, specs) <= result.test[0]:
+            if (
+                not chosen_missing
+                and result.test is not None
+                and _best_case_mean(found, result.row, point) <= result.test[0]
+            ):
                 continue
             if missing := _missing(found, specs):
                 out.append(Candidate(result.row, point, value, best, missing))
