@@ -1,9 +1,10 @@
 """Start or resume the evidence runs: one ``hyla sweep`` per CPU thread at a time, from a frozen worktree of a
 commit (so edits to the checkout cannot reach a run mid-way), into this checkout's records, each thread working
 through its list in ``lab/evidence_queue.yaml`` until the time budget is spent. An item is a sweep's arguments, or
-``{next_seeds: ARGS}``: at its turn, ``lab/next_seeds.py ARGS`` (of the frozen commit) on the records so far, and
-each sweep it prints in turn. Every sweep stops with checkpoints before the budget ends; finished runs are skipped,
-so the next session runs the same command again.
+``{next_seeds: ARGS}``: at its turn, ``lab/next_seeds.py ARGS`` (of the frozen commit) on the records so far, the
+first sweep it prints, and the same again after each sweep (a finished seed can end a point's claim to the next)
+until it prints none. Every sweep stops with checkpoints before the budget ends; finished runs are skipped, so the
+next session runs the same command again.
 
     nohup python lab/evidence_queue.py --minutes 120 > /tmp/queue.log 2>&1 &
     python lab/evidence_queue.py --minutes 120 --dry-run        # the commands, nothing started
@@ -84,9 +85,10 @@ class Queue:
     def work(self, index: int) -> None:
         with open(self.logs / f"thread-{index}.log", "a") as log:
             for item in self.threads[index]:
-                for sweep in self.sweeps(item, log):
-                    if (left := self.minutes_to_start(f"hyla sweep {sweep}", log)) is not None:
-                        self.train(sweep, left, log)
+                if isinstance(item, dict):
+                    self.train_earned(item[NEXT_SEEDS], log)
+                elif (left := self.minutes_to_start(f"hyla sweep {item}", log)) is not None:
+                    self.train(item, left, log)
 
     def minutes_to_start(self, label: str, log: TextIO) -> int | None:
         """The minutes left for what ``label`` names, or None (said in the log) when it must not start."""
@@ -96,32 +98,46 @@ class Queue:
             return None
         return left
 
-    def sweeps(self, item: Item, log: TextIO) -> list[str]:
-        """The sweeps an item stands for: itself, or those ``lab/next_seeds.py`` prints now (nothing once the
-        budget is spent)."""
-        if isinstance(item, str):
-            return [item]
-        if self.minutes_to_start(f"next_seeds.py {item[NEXT_SEEDS]}", log) is None:
+    def train_earned(self, args: str, log: TextIO) -> None:
+        """The first sweep ``lab/next_seeds.py ARGS`` prints, asked again after each, until it prints none, the
+        budget is spent, a sweep fails, or it prints the sweep just trained again (that sweep could not finish)."""
+        trained = None
+        while sweeps := self.earned(args, log):
+            if sweeps[0] == trained:
+                print(f"asked no more: the sweep just trained is still unfinished: {trained}", file=log, flush=True)
+                return
+            if (left := self.minutes_to_start(f"hyla sweep {sweeps[0]}", log)) is None:
+                return
+            trained = sweeps[0]
+            if not self.train(trained, left, log):
+                return
+
+    def earned(self, args: str, log: TextIO) -> list[str]:
+        """The sweeps ``lab/next_seeds.py ARGS`` prints now (nothing once the budget is spent)."""
+        if self.minutes_to_start(f"next_seeds.py {args}", log) is None:
             return []
-        command = next_seeds_command(item[NEXT_SEEDS], self.root, self.src)
+        command = next_seeds_command(args, self.root, self.src)
         print(f"{time.strftime('%H:%M:%S')}: {shlex.join(command)}", file=log, flush=True)
         done = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True)
         print(done.stdout + done.stderr, end="", file=log, flush=True)
         if done.returncode != 0:
-            self.failed.append(f"exit {done.returncode}: next_seeds.py {item[NEXT_SEEDS]}")
+            self.failed.append(f"exit {done.returncode}: next_seeds.py {args}")
             return []
         return [line.removeprefix("hyla sweep ") for line in done.stdout.splitlines() if line.startswith("hyla sweep ")]
 
-    def train(self, sweep: str, minutes: int, log: TextIO) -> None:
+    def train(self, sweep: str, minutes: int, log: TextIO) -> bool:
+        """Whether the sweep exited cleanly (a budget's stop included)."""
         command = sweep_command(sweep, minutes, self.root)
         print(f"{time.strftime('%H:%M:%S')} {minutes} min: {shlex.join(command)}", file=log, flush=True)
         proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.running.append(proc)
         if self.stopping.is_set():  # a signal that came while it started
             proc.terminate()
-        if proc.wait() != 0:
+        ok = proc.wait() == 0
+        if not ok:
             self.failed.append(f"exit {proc.returncode}: hyla sweep {sweep}")
         self.running.remove(proc)
+        return ok
 
     def stop(self, signum: int, _frame: FrameType | None) -> None:
         """Pass the signal on: each sweep stops with checkpoints; nothing more starts."""
@@ -171,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                     print("  " + shlex.join(["python", *sweep_command(item, args.minutes, root)[1:]]))
                 else:
                     command = next_seeds_command(item[NEXT_SEEDS], root, REPO / "src")
-                    print("  " + shlex.join(["python", *command[1:]]) + "   # then each sweep it prints")
+                    print("  " + shlex.join(["python", *command[1:]]) + "   # then its sweeps, asking again after each")
         return 0
     deadline = time.monotonic() + 60 * args.minutes
     src = args.src.resolve() if args.src else frozen_source(args.rev)

@@ -2,8 +2,9 @@
 (``sweep_results``: the most finished seeds, then the in-distribution validation metric, split ``test``, never OOD)
 once no seed 0 of the row is still training, and the points whose finished seed 0 beats the chosen point's seed 0 by
 that metric, unless the seeds such a point has finished already keep it below the chosen point's final mean even if
-its missing seeds all scored 100%. Prints one ``hyla sweep`` command per such point (the seeds it still lacks), so a
-grid searched at seed 0 first grows its seeds only at the chosen point and where a point could take over the row.
+its missing seeds all scored 100%. Prints one ``hyla sweep`` command per such point: the chosen point's missing
+seeds, another point's next missing seed only (so that the rule is asked again once that seed has finished). A grid
+searched at seed 0 first grows its seeds only at the chosen point and where a point could still take over the row.
 
     python lab/next_seeds.py                                     # Table A1 fuzzy's ablation rows, lab/runs
     python lab/next_seeds.py --sweep table_a1_fuzzy --rows hyla_plus --root lab/runs
@@ -66,7 +67,7 @@ def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
     """Per row (and setting of the sweep's ``across`` keys): the point the report chose (among equally seeded
     points, the one with the better test mean), for the seeds it lacks, once none of the row's seed 0 runs is still
     training (one that finishes could take the choice over); then the points whose finished seed 0 beats its and
-    which could still overtake the chosen point's mean once that point has all its seeds."""
+    which could still overtake the chosen point's mean once that point has all its seeds (their next seed only)."""
     out = []
     for result in found.rows:
         if result.row not in rows or not result.point or (best := _seed0(found, result.row, result.point)) is None:
@@ -92,7 +93,8 @@ def candidates(found: SweepResults, rows: tuple[str, ...]) -> list[Candidate]:
             ):
                 continue
             if missing := _missing(found, specs):
-                out.append(Candidate(result.row, point, value, best, missing))
+                # one seed at a time: its result can end the point's claim to the next
+                out.append(Candidate(result.row, point, value, best, missing[:1]))
     return out
 
 

@@ -84,6 +84,38 @@ def test_a_next_seeds_item_trains_the_seeds_the_records_earned_when_the_thread_r
     assert finished == ["hyla-lr0.001-seed0", "hyla-lr0.001-seed1"]
 
 
+@pytest.mark.parametrize(
+    ("answers", "fails", "trained"),
+    [
+        # a seed's result ends the point's claim to the next: asked again, next_seeds moves on to another point
+        ([["p seed=1", "q seed=1"], ["q seed=1"], []], None, ["p seed=1", "q seed=1"]),
+        # the sweep just trained printed again (it could not finish): not started a second time
+        ([["p seed=1"], ["p seed=1"], []], None, ["p seed=1"]),
+        # a failed sweep ends the item
+        ([["p seed=1"], ["q seed=1"], []], "p seed=1", ["p seed=1"]),
+    ],
+)
+def test_a_next_seeds_item_asks_again_after_each_sweep(
+    tmp_path: Path, answers: list[list[str]], fails: str | None, trained: list[str]
+) -> None:
+    script = load_script(SCRIPT)
+    queue = script.Queue([[{"next_seeds": "--rows hyla"}]], deadline=1e12, root=tmp_path, src=SRC, logs=tmp_path)
+    asked, started = [], []
+
+    def earned(args: str, log: object) -> list[str]:
+        asked.append(args)
+        return answers[len(asked) - 1]
+
+    def train(sweep: str, minutes: int, log: object) -> bool:
+        started.append(sweep)
+        return sweep != fails
+
+    queue.earned, queue.train = earned, train
+    queue.work(0)
+    assert started == trained
+    assert len(asked) == len(trained) + (fails is None)  # asked after each sweep that did not fail
+
+
 def test_a_bad_queue_item_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = load_script(SCRIPT)
     queue = tmp_path / "queue.yaml"
